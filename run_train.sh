@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Launcher: ./run_train.sh [--section.key value ...]
+#   CONFIG_FILE  TOML recipe (default train_configs/debug_model.toml)
+#   NGPU         processes per node (default: visible GPUs, else 1; on CPU: gloo processes)
+#   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT  multi-node torchrun rendezvous
+set -euo pipefail
+cd "$(dirname "$0")"
+source scripts/setup_env.sh
+
+CONFIG_FILE=${CONFIG_FILE:-train_configs/debug_model.toml}
+if [ -z "${NGPU:-}" ]; then
+  NGPU=$("$PYTHON" -c "import torch; print(max(torch.cuda.device_count(), 1))")
+fi
+NNODES=${NNODES:-1}
+NODE_RANK=${NODE_RANK:-0}
+MASTER_ADDR=${MASTER_ADDR:-localhost}
+MASTER_PORT=${MASTER_PORT:-29500}
+
+if [ "$NGPU" = "1" ] && [ "$NNODES" = "1" ]; then
+  exec "$PYTHON" -m torchtitan_ablate.train --job.config_file "$CONFIG_FILE" "$@"
+fi
+exec "$PYTHON" -m torch.distributed.run \
+  --nproc_per_node="$NGPU" --nnodes="$NNODES" --node_rank="$NODE_RANK" \
+  --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" \
+  --local-ranks-filter="${LOG_RANK:-0}" --role=rank --tee=3 \
+  -m torchtitan_ablate.train --job.config_file "$CONFIG_FILE" "$@"

@@ -1,0 +1,33 @@
+# Sourced by run_train.sh and scripts/run_tests.sh: sets PYTHON to an interpreter that can
+# import torchtitan_ablate and its dependencies, creating .venv on first use.
+# EXTRAS=dev also installs the test tools.
+_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+_mods="torch, torchdata, tiktoken, sentencepiece, safetensors"
+[ "${EXTRAS:-}" = "dev" ] && _mods="$_mods, pytest, transformers"
+
+_usable() { PYTHONPATH="$_root${PYTHONPATH:+:$PYTHONPATH}" "$1" -c "import $_mods" 2>/dev/null; }
+
+if [ -n "${PYTHON:-}" ] && _usable "$PYTHON"; then
+  :
+elif [ -x "$_root/.venv/bin/python" ] && _usable "$_root/.venv/bin/python"; then
+  PYTHON="$_root/.venv/bin/python"
+elif [ -z "${VIRTUAL_ENV:-}" ] && _usable python3 && [ -z "${FORCE_VENV:-}" ]; then
+  PYTHON=python3
+else
+  echo "setting up $_root/.venv (first run) ..." >&2
+  [ -x "$_root/.venv/bin/python" ] || python3 -m venv "$_root/.venv"
+  _pip="$_root/.venv/bin/python -m pip install -q"
+  if ! "$_root/.venv/bin/python" -c "import torch" 2>/dev/null; then
+    # Install torch first and pin it: resolving torchdata/torchao against an empty venv
+    # would pull the newest CUDA build (several GB) even on a CPU-only machine.
+    $_pip "torch==${TORCH_VERSION:-2.13.0}" || { echo "could not install torch" >&2; exit 1; }
+  fi
+  _constraints="$_root/.venv/torch-constraint.txt"
+  "$_root/.venv/bin/python" -c "import torch; print('torch==' + torch.__version__)" \
+    > "$_constraints"
+  _spec="$_root"
+  [ "${EXTRAS:-}" = "dev" ] && _spec="$_root[dev]"
+  $_pip -c "$_constraints" -e "$_spec" || { echo "pip install failed" >&2; exit 1; }
+  PYTHON="$_root/.venv/bin/python"
+fi
+export PYTHONPATH="$_root${PYTHONPATH:+:$PYTHONPATH}"

@@ -1,0 +1,36 @@
+"""Warmup, optional stable phase, then linear / cosine / sqrt decay (WSD when decay_ratio set)."""
+
+import math
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from torchtitan_ablate.config.job_config import LRScheduler as LRSchedulerConfig
+
+
+def lr_factor(step: int, total_steps: int, config: LRSchedulerConfig) -> float:
+    """Multiplier of the peak LR for 1-based optimizer `step` (LambdaLR passes step - 1)."""
+    warmup = min(config.warmup_steps, total_steps)
+    if step <= warmup:
+        # Starts above zero so the first step already moves the weights.
+        return step / (warmup + 1)
+    decay_steps = total_steps - warmup
+    if config.decay_ratio is not None:
+        decay_steps = round(total_steps * config.decay_ratio)
+    decay_start = total_steps - decay_steps
+    if step <= decay_start or decay_steps == 0:
+        return 1.0
+    progress = (step - decay_start) / decay_steps
+    if config.decay_type == "linear":
+        shape = 1.0 - progress
+    elif config.decay_type == "cosine":
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        shape = 1.0 - math.sqrt(progress)
+    return config.min_lr_factor + (1.0 - config.min_lr_factor) * shape
+
+
+def build_lr_scheduler(
+    optimizer: torch.optim.Optimizer, config: LRSchedulerConfig, total_steps: int
+) -> LambdaLR:
+    return LambdaLR(optimizer, lambda i: lr_factor(i + 1, total_steps, config))

@@ -1,0 +1,143 @@
+"""Per-step metrics: one console line, one JSON object per line in metrics.jsonl, TensorBoard.
+
+FLOPs per token follow DESIGN.md: 6 * active non-embedding parameters (output included)
++ 12 * layers * heads * head_dim * seq_len; MFU divides achieved FLOP/s by the device peak.
+"""
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import torch
+
+from torchtitan_ablate.config.job_config import Metrics as MetricsConfig
+
+logger = logging.getLogger("torchtitan_ablate")
+
+# Dense bf16 peak TFLOP/s by device-name substring (first match wins).
+PEAK_TFLOPS = [("H200", 989.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0), ("A10G", 125.0)]
+
+
+def device_peak_tflops(device: torch.device, override: float = -1.0) -> float | None:
+    """The device's bf16 peak, or None when unknown (CPU): MFU is then not reported."""
+    if override > 0:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((tf for key, tf in PEAK_TFLOPS if key in name), None)
+
+
+class DeviceMemoryMonitor:
+    """Peak active/reserved memory since the last reset, in GiB and % of the device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.capacity_gib = None
+        if device.type == "cuda":
+            self.capacity_gib = torch.cuda.get_device_properties(device).total_memory / 2**30
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def read_and_reset(self) -> dict[str, float]:
+        if self.device.type != "cuda":
+            return {"memory_max_active_gib": 0.0, "memory_max_reserved_gib": 0.0}
+        stats = torch.cuda.memory_stats(self.device)
+        active = stats.get("active_bytes.all.peak", 0) / 2**30
+        reserved = stats.get("reserved_bytes.all.peak", 0) / 2**30
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return {
+            "memory_max_active_gib": active,
+            "memory_max_reserved_gib": reserved,
+            "memory_max_reserved_pct": 100.0 * reserved / self.capacity_gib,
+        }
+
+
+class MetricsLogger:
+    """Accumulates tokens and data-loading time between log steps and writes the record."""
+
+    def __init__(
+        self,
+        config: MetricsConfig,
+        dump_folder: str,
+        device: torch.device,
+        flops_per_token: float,
+        is_writer: bool,
+    ) -> None:
+        self.config = config
+        self.flops_per_token = flops_per_token
+        self.peak_tflops = device_peak_tflops(device, config.peak_tflops)
+        self.memory = DeviceMemoryMonitor(device)
+        self.is_writer = is_writer
+        self.jsonl = None
+        self.tb = None
+        if is_writer:
+            os.makedirs(dump_folder, exist_ok=True)
+            self.jsonl = open(os.path.join(dump_folder, "metrics.jsonl"), "a")
+            if config.enable_tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(os.path.join(dump_folder, config.save_tb_folder))
+        self._reset_window()
+
+    def _reset_window(self) -> None:
+        self.window_start = time.perf_counter()
+        self.window_tokens = 0
+        self.window_data_time = 0.0
+
+    def add_tokens(self, num_tokens: int, data_time: float) -> None:
+        """Tokens this rank processed (incl. padding) and seconds spent waiting for data."""
+        self.window_tokens += num_tokens
+        self.window_data_time += data_time
+
+    def should_log(self, step: int, last_step: int) -> bool:
+        return step == 1 or step % self.config.log_freq == 0 or step == last_step
+
+    def log(self, step: int, values: dict[str, Any]) -> dict[str, Any]:
+        """Writes one record: values (loss, grad_norm, lr, ...) plus throughput and memory."""
+        elapsed = max(time.perf_counter() - self.window_start, 1e-9)
+        tps = self.window_tokens / elapsed
+        tflops = tps * self.flops_per_token / 1e12
+        record: dict[str, Any] = {"step": step, **values}
+        record.update(
+            tps=tps,
+            tflops=tflops,
+            mfu=100.0 * tflops / self.peak_tflops if self.peak_tflops else 0.0,
+            data_time_frac=self.window_data_time / elapsed,
+            **self.memory.read_and_reset(),
+        )
+        self._reset_window()
+        if self.is_writer:
+            self._write(record)
+        return record
+
+    def _write(self, r: dict[str, Any]) -> None:
+        mem = f"mem {r['memory_max_active_gib']:.2f}/{r['memory_max_reserved_gib']:.2f}GiB"
+        if "memory_max_reserved_pct" in r:
+            mem += f" ({r['memory_max_reserved_pct']:.0f}%)"
+        line = (
+            f"step {r['step']:>5}  loss {r['loss']:.4f}  grad_norm {r['grad_norm']:.3f}  "
+            f"lr {r['lr']:.2e}  tps {r['tps']:,.0f}  tflops {r['tflops']:.1f}  "
+            f"mfu {r['mfu']:.1f}%  {mem}  data {100 * r['data_time_frac']:.1f}%"
+        )
+        if "moe_aux_loss" in r:
+            line += (
+                f"  aux {r['moe_aux_loss']:.4f}  expert_load max/mean "
+                f"{r['expert_load_imbalance']:.2f}"
+            )
+        logger.info(line)
+        assert self.jsonl is not None
+        self.jsonl.write(json.dumps(r) + "\n")
+        self.jsonl.flush()
+        if self.tb is not None:
+            for k, v in r.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self.tb.add_scalar(k, v, r["step"])
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.jsonl is not None:
+            self.jsonl.close()
+        if self.tb is not None:
+            self.tb.close()

@@ -1,0 +1,281 @@
+"""JobConfig: every knob of a run, one dataclass per TOML section.
+
+Section and key names follow torchtitan where it has them. Each field's docstring is the
+reference text (`scripts/config_reference.py` turns them into docs/config_reference.md).
+"""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class Job:
+    config_file: str | None = None
+    """TOML file with this run's settings (CLI overrides it, it overrides defaults)."""
+
+    dump_folder: str = "./outputs"
+    """Folder for everything a run writes: config.toml, metrics.jsonl, tb/, checkpoints."""
+
+    description: str = ""
+    """Free text shown in logs and reports."""
+
+
+@dataclass
+class Model:
+    name: str = "qwen3"
+    """Model family. Only qwen3 (dense and MoE) is built in."""
+
+    flavor: str = "debugmodel"
+    """Size preset from models/qwen3/args.py: debugmodel, debugmodel_moe, 0.6B, 1.7B, 4B, 8B,
+    14B, 32B, 30B-A3B, 235B-A22B."""
+
+    tokenizer_path: str = "assets/tokenizer/debug.tiktoken"
+    """Tokenizer: a tiktoken ranks file, an HF tokenizer.json, a sentencepiece .model, a folder
+    holding one of them, or "byte" (byte-level, for tests)."""
+
+    attn_backend: Literal["sdpa", "flex", "varlen", "flash"] = "sdpa"
+    """Attention kernel. flex and varlen honour packed-document boundaries without a dense mask;
+    flash needs the flash-attn package."""
+
+    moe_aux_loss_coef: float = -1.0
+    """MoE load-balancing loss coefficient; -1 keeps the flavor's value (0.001 for Qwen3 MoE)."""
+
+    moe_bias_update_rate: float = 0.0
+    """Aux-loss-free balancing: per-step update rate of the expert selection bias (0 = off)."""
+
+    vocab_size: int = -1
+    """Override the flavor's vocabulary size (-1 keeps it); must cover the tokenizer."""
+
+
+@dataclass
+class Training:
+    dataset: Literal["synthetic", "text"] = "text"
+    """synthetic: seeded random tokens; text: .txt / .jsonl ({"text": ...}) files in
+    dataset_path."""
+
+    dataset_path: str | None = "assets/data/debug_corpus.jsonl"
+    """File or folder for dataset = "text"."""
+
+    packing: Literal["greedy", "padding"] = "greedy"
+    """greedy: concatenate documents with EOS, attention masked per document; padding: one
+    document per row, pad tokens ignored by the loss."""
+
+    local_batch_size: int = 8
+    """Sequences per micro-batch on each data-parallel rank."""
+
+    global_batch_size: int = -1
+    """Sequences per optimizer step over all ranks; a multiple of local_batch_size * dp degree
+    gives gradient accumulation. -1 = local_batch_size * dp degree (no accumulation)."""
+
+    seq_len: int = 256
+    """Tokens per sequence."""
+
+    steps: int = 50
+    """Optimizer steps to train."""
+
+    max_norm: float = 1.0
+    """Gradient clipping by global L2 norm (0 = off)."""
+
+    mixed_precision_param: Literal["bfloat16", "float32"] = "bfloat16"
+    """Parameter/compute dtype on GPU. CPU runs use float32 unless cpu_mixed_precision."""
+
+    mixed_precision_reduce: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of gradient reduction across data-parallel ranks."""
+
+    cpu_mixed_precision: bool = False
+    """Also use mixed_precision_param on CPU (default: float32 on CPU for exactness)."""
+
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """auto: CUDA when available, else CPU (gloo between processes)."""
+
+    seed: int = 42
+    """Seed for weights, data order and dropout; same seed, same run."""
+
+    deterministic: bool = False
+    """Ask torch for deterministic kernels (slower on GPU)."""
+
+    exit_at_step: int = -1
+    """Save a checkpoint and exit cleanly after this step without changing the LR schedule
+    (time-limited jobs); -1 = off."""
+
+    num_workers: int = 0
+    """Data-loader worker processes per rank."""
+
+    gc_freq: int = 50
+    """Run Python's garbage collector every this many steps (automatic GC off in between)."""
+
+
+@dataclass
+class Optimizer:
+    name: Literal["AdamW", "Adam"] = "AdamW"
+    """Optimizer."""
+
+    lr: float = 1e-3
+    """Peak learning rate."""
+
+    beta1: float = 0.9
+    """Adam beta1."""
+
+    beta2: float = 0.95
+    """Adam beta2."""
+
+    eps: float = 1e-8
+    """Adam epsilon."""
+
+    weight_decay: float = 0.1
+    """Decoupled weight decay."""
+
+    implementation: Literal["auto", "fused", "foreach", "for-loop"] = "auto"
+    """auto: fused on CUDA, foreach on CPU."""
+
+
+@dataclass
+class LRScheduler:
+    warmup_steps: int = 5
+    """Linear warmup from ~0 to optimizer.lr over this many steps."""
+
+    decay_ratio: float | None = None
+    """Fraction of the steps spent decaying at the end (WSD); None = decay over all steps
+    after warmup."""
+
+    decay_type: Literal["linear", "cosine", "sqrt"] = "linear"
+    """Shape of the decay."""
+
+    min_lr_factor: float = 0.0
+    """Final learning rate as a fraction of optimizer.lr."""
+
+
+@dataclass
+class Parallelism:
+    data_parallel_replicate_degree: int = 1
+    """Replicas (HSDP's outer dimension, or plain data parallel)."""
+
+    data_parallel_shard_degree: int = -1
+    """FSDP shard degree; -1 = the ranks left over by the other degrees."""
+
+    context_parallel_degree: int = 1
+    """Ranks a sequence is split over."""
+
+    expert_parallel_degree: int = 1
+    """Ranks routed experts are split over (borrowed from dp_shard * cp)."""
+
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
+    """never keeps gathered parameters until backward (ZeRO-2-like); always frees them after
+    forward (ZeRO-3); default = always except the root module."""
+
+
+@dataclass
+class ActivationCheckpoint:
+    mode: Literal["none", "full", "selective"] = "none"
+    """Recompute activations in backward: none, full (every block), selective."""
+
+    selective_ac_option: str = "2"
+    """For selective: an integer n (checkpoint every n-th block) or "op" (save matmul outputs,
+    recompute the rest)."""
+
+
+@dataclass
+class Compile:
+    enable: bool = False
+    """torch.compile each transformer block (and the loss)."""
+
+    components: list[str] = field(default_factory=lambda: ["model", "loss"])
+    """What to compile: model, loss."""
+
+
+@dataclass
+class Float8:
+    enable: bool = False
+    """Train Linear layers in float8 (torchao; needs SM89+ GPUs)."""
+
+    recipe_name: Literal["tensorwise", "rowwise"] = "tensorwise"
+    """torchao float8 scaling recipe."""
+
+    enable_fsdp_float8_all_gather: bool = False
+    """All-gather FSDP parameters in float8 (tensorwise only)."""
+
+    filter_fqns: list[str] = field(default_factory=lambda: ["output", "router"])
+    """Modules whose names contain one of these stay in high precision."""
+
+
+@dataclass
+class Checkpoint:
+    enable: bool = False
+    """Save DCP checkpoints and resume from the latest one."""
+
+    folder: str = "checkpoint"
+    """Checkpoint folder, relative to job.dump_folder."""
+
+    interval: int = 500
+    """Save every this many steps (and at the last step)."""
+
+    keep_latest_k: int = 3
+    """Keep this many newest checkpoints (0 = all)."""
+
+    load_step: int = -1
+    """Step to resume from; -1 = the latest complete one."""
+
+    initial_load_path: str | None = None
+    """Weights to start from when the folder has no checkpoint yet."""
+
+
+@dataclass
+class Metrics:
+    log_freq: int = 10
+    """Log every this many steps (and the first and last)."""
+
+    enable_tensorboard: bool = False
+    """Also write TensorBoard events to <dump_folder>/<save_tb_folder>."""
+
+    save_tb_folder: str = "tb"
+    """TensorBoard folder inside job.dump_folder."""
+
+    peak_tflops: float = -1.0
+    """Device peak bf16 TFLOP/s for MFU; -1 = look the device up (H100/H200 989, A100 312)."""
+
+
+@dataclass
+class Profiling:
+    enable_profiling: bool = False
+    """Record a torch.profiler trace every profile_freq steps."""
+
+    save_traces_folder: str = "profile_traces"
+    """Trace folder inside job.dump_folder."""
+
+    profile_freq: int = 10
+    """Steps between traces."""
+
+
+@dataclass
+class MemoryEstimation:
+    enable: bool = False
+    """Estimate per-GPU peak memory instead of training (see estimation.py)."""
+
+    world_size: int = -1
+    """Ranks to model; -1 = NGPU * NNODES from the environment, else 1."""
+
+    device_memory_gib: float = -1.0
+    """Device memory for the fits verdict; -1 = the detected GPU, else 80."""
+
+    ep_imbalance: float = 1.0
+    """Expert-parallel routing skew: the busiest rank gets this times the mean tokens."""
+
+    output: str | None = None
+    """Also write the estimate as JSON to this file."""
+
+
+@dataclass
+class JobConfig:
+    job: Job = field(default_factory=Job)
+    model: Model = field(default_factory=Model)
+    training: Training = field(default_factory=Training)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
+    compile: Compile = field(default_factory=Compile)
+    float8: Float8 = field(default_factory=Float8)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    metrics: Metrics = field(default_factory=Metrics)
+    profiling: Profiling = field(default_factory=Profiling)
+    memory_estimation: MemoryEstimation = field(default_factory=MemoryEstimation)

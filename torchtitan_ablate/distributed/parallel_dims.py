@@ -1,0 +1,133 @@
+"""ParallelDims: the parallel degrees of a run and the only place DeviceMeshes are made.
+
+Layout (DESIGN.md): one world mesh (dp_replicate, dp_shard, cp) for dense parameters; expert
+parallel borrows its ranks from dp_shard * cp, so experts live on a second view of the same
+ranks, (dp_replicate, efsdp, ep) with efsdp = dp_shard * cp / ep. Rank order is row-major in both,
+so an ep group is a block of consecutive ranks inside one dp_shard * cp block.
+"""
+
+from dataclasses import dataclass, field
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+
+class ParallelDimsError(ValueError):
+    """Degrees that cannot form a mesh; raised before any process-group work."""
+
+
+@dataclass
+class ParallelDims:
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    ep: int
+    world_size: int
+    _meshes: dict[str, DeviceMesh] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("dp_replicate", "cp", "ep", "world_size"):
+            if getattr(self, name) < 1:
+                raise ParallelDimsError(f"{name} = {getattr(self, name)}: must be >= 1")
+        if self.dp_shard == -1:
+            rest = self.dp_replicate * self.cp
+            if self.world_size % rest:
+                raise ParallelDimsError(
+                    f"world size {self.world_size} is not divisible by data_parallel_replicate"
+                    f"_degree * context_parallel_degree = {self.dp_replicate} * {self.cp}"
+                )
+            self.dp_shard = self.world_size // rest
+        if self.dp_shard < 1:
+            raise ParallelDimsError(f"data_parallel_shard_degree = {self.dp_shard}: >= 1 or -1")
+        product = self.dp_replicate * self.dp_shard * self.cp
+        if product != self.world_size:
+            raise ParallelDimsError(
+                f"data_parallel_replicate_degree * data_parallel_shard_degree * "
+                f"context_parallel_degree = {self.dp_replicate} * {self.dp_shard} * {self.cp} = "
+                f"{product}, but the world size is {self.world_size}"
+            )
+        if (self.dp_shard * self.cp) % self.ep:
+            raise ParallelDimsError(
+                f"expert_parallel_degree = {self.ep} must divide data_parallel_shard_degree * "
+                f"context_parallel_degree = {self.dp_shard} * {self.cp} (EP borrows those ranks)"
+            )
+
+    def check_model(self, num_experts: int, seq_len: int) -> None:
+        """Constraints that need the model and batch shape."""
+        if self.ep > 1 and (num_experts == 0 or num_experts % self.ep):
+            raise ParallelDimsError(
+                f"expert_parallel_degree = {self.ep} must divide the number of experts "
+                f"({num_experts}); dense models need expert_parallel_degree = 1"
+            )
+        if self.cp > 1 and seq_len % (2 * self.cp):
+            raise ParallelDimsError(
+                f"training.seq_len = {seq_len} must be divisible by 2 * context_parallel_degree "
+                f"= {2 * self.cp} (head-tail load balancing splits it into 2 * cp chunks)"
+            )
+
+    # Degrees and switches.
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: how many different batches are processed per micro-step."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def efsdp(self) -> int:
+        """Shard degree of routed experts: the dp_shard * cp ranks left after EP."""
+        return self.dp_shard * self.cp // self.ep
+
+    @property
+    def dp_replicate_enabled(self) -> bool:
+        return self.dp_replicate > 1
+
+    @property
+    def dp_shard_enabled(self) -> bool:
+        return self.dp_shard > 1
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        return self.dp_shard * self.cp > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self.cp > 1
+
+    @property
+    def ep_enabled(self) -> bool:
+        return self.ep > 1
+
+    # Meshes.
+    def build_meshes(self, device_type: str) -> None:
+        """Creates the world mesh and the experts' view; call once after init_process_group."""
+        world = init_device_mesh(
+            device_type,
+            (self.dp_replicate, self.dp_shard, self.cp),
+            mesh_dim_names=("dp_replicate", "dp_shard", "cp"),
+        )
+        self._meshes["world"] = world
+        self._meshes["dp"] = world["dp_replicate", "dp_shard"]._flatten("dp")
+        self._meshes["dp_shard_cp"] = world["dp_shard", "cp"]._flatten("dp_shard_cp")
+        self._meshes["dp_cp"] = world["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+        if self.ep_enabled:
+            experts = init_device_mesh(
+                device_type,
+                (self.dp_replicate, self.efsdp, self.ep),
+                mesh_dim_names=("dp_replicate", "efsdp", "ep"),
+            )
+            self._meshes["experts"] = experts
+
+    def mesh(self, name: str) -> DeviceMesh:
+        """Named (sub-)mesh: world, dp, dp_replicate, dp_shard, cp, dp_shard_cp, dp_cp (loss),
+        and with EP: ep, efsdp, experts (dp_replicate, efsdp, ep)."""
+        if not self._meshes:
+            raise RuntimeError("ParallelDims.build_meshes() has not been called")
+        if name in self._meshes:
+            return self._meshes[name]
+        if name in ("dp_replicate", "dp_shard", "cp"):
+            return self._meshes["world"][name]
+        if name in ("ep", "efsdp") and "experts" in self._meshes:
+            return self._meshes["experts"][name]
+        raise KeyError(f"no mesh named {name!r}")
+
+    def dp_rank(self) -> int:
+        """This rank's index among the data-parallel ranks (which batch shard it reads)."""
+        return self.mesh("dp").get_local_rank() if self._meshes else 0

@@ -1,0 +1,77 @@
+"""Process-group setup and small collectives shared by the trainer and the parallel code."""
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def pick_device(requested: str) -> torch.device:
+    """auto -> this rank's CUDA device when there is one, else CPU."""
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ValueError("training.device = 'cuda' but no CUDA device is visible; use auto")
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(device: torch.device) -> int:
+    """Joins the torchrun process group (NCCL on CUDA, gloo on CPU); returns the world size."""
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
+    return world_size
+
+
+def destroy_distributed() -> None:
+    if dist.is_initialized():
+        # gloo can abort a rank whose peer exits first: leave together.
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(t: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(t, group=group)
+    return t
+
+
+def all_reduce_max(t: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Global L2 norm of all gradients (plain or DTensor on any meshes), clipped to max_norm.
+
+    Parameters sharded on different meshes (dense vs expert-parallel) cannot be stacked into
+    one DTensor norm, so each group's squared norm is made full and summed here.
+    """
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    by_mesh: dict[object, list[torch.Tensor]] = {}
+    for g in grads:
+        key = (g.device_mesh, g.placements) if isinstance(g, DTensor) else None
+        by_mesh.setdefault(key, []).append(g)
+    total_sq = None
+    for group in by_mesh.values():
+        sq = torch.nn.utils.get_total_norm(group, 2.0, foreach=True) ** 2
+        if isinstance(sq, DTensor):
+            sq = sq.full_tensor()
+        total_sq = sq if total_sq is None else total_sq + sq
+    total = total_sq.sqrt()
+    if max_norm > 0:
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        # Scale the local shards: a DTensor times a plain tensor is not allowed.
+        local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+        torch._foreach_mul_(local, coef.to(local[0].device))
+    return total

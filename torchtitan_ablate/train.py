@@ -1,0 +1,299 @@
+"""Trainer: `python -m torchtitan_ablate.train --job.config_file X [--section.key value ...]`.
+
+Build path (DESIGN.md): config -> process group + ParallelDims -> meta-device model ->
+parallelize_qwen3 -> to_empty -> init_weights -> optimizer, LR schedule, data, checkpoint,
+metrics -> train. Legend: B batch, S sequence, V vocabulary.
+"""
+
+import contextlib
+import dataclasses
+import gc
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import torch
+
+from torchtitan_ablate.components.checkpoint import CheckpointManager
+from torchtitan_ablate.components.data import build_dataloader
+from torchtitan_ablate.components.loss import cross_entropy_sum, num_valid_tokens
+from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler
+from torchtitan_ablate.components.metrics import MetricsLogger
+from torchtitan_ablate.components.optimizer import build_optimizer
+from torchtitan_ablate.components.tokenizer import build_tokenizer
+from torchtitan_ablate.config import ConfigError, JobConfig, run_main, write_config
+from torchtitan_ablate.distributed import utils as dist_utils
+from torchtitan_ablate.distributed.parallel_dims import ParallelDims
+from torchtitan_ablate.models.qwen3 import Qwen3Model, Qwen3ModelArgs, qwen3_flavors
+from torchtitan_ablate.models.qwen3.parallelize import parallelize_qwen3
+
+logger = logging.getLogger("torchtitan_ablate")
+
+
+def build_model_args(config: JobConfig) -> Qwen3ModelArgs:
+    """The flavor's sizes with this run's overrides applied."""
+    m = config.model
+    if m.name != "qwen3":
+        raise ConfigError(f"model.name = {m.name!r}: only 'qwen3' is built in")
+    if m.flavor not in qwen3_flavors:
+        raise ConfigError(f"model.flavor = {m.flavor!r}: one of {', '.join(qwen3_flavors)}")
+    overrides: dict = {"attn_backend": m.attn_backend}
+    if m.moe_aux_loss_coef >= 0:
+        overrides["moe_aux_loss_coef"] = m.moe_aux_loss_coef
+    if m.moe_bias_update_rate > 0:
+        overrides["moe_bias_update_rate"] = m.moe_bias_update_rate
+    if m.vocab_size > 0:
+        overrides["vocab_size"] = m.vocab_size
+    overrides["max_seq_len"] = max(qwen3_flavors[m.flavor].max_seq_len, config.training.seq_len)
+    return dataclasses.replace(qwen3_flavors[m.flavor], **overrides)
+
+
+def build_parallel_dims(config: JobConfig, world_size: int) -> ParallelDims:
+    p = config.parallelism
+    try:
+        return ParallelDims(
+            dp_replicate=p.data_parallel_replicate_degree,
+            dp_shard=p.data_parallel_shard_degree,
+            cp=p.context_parallel_degree,
+            ep=p.expert_parallel_degree,
+            world_size=world_size,
+        )
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def num_microbatches(config: JobConfig, dp: int) -> int:
+    t = config.training
+    per_micro = t.local_batch_size * dp
+    if t.global_batch_size == -1:
+        return 1
+    if t.global_batch_size % per_micro:
+        raise ConfigError(
+            f"training.global_batch_size = {t.global_batch_size} must be a multiple of "
+            f"local_batch_size * data-parallel degree = {t.local_batch_size} * {dp}"
+        )
+    return t.global_batch_size // per_micro
+
+
+class Trainer:
+    def __init__(self, config: JobConfig) -> None:
+        self.config = config
+        self.device = dist_utils.pick_device(config.training.device)
+        world_size = dist_utils.init_distributed(self.device)
+        self.parallel_dims = pd = build_parallel_dims(config, world_size)
+        self.model_args = build_model_args(config)
+        try:
+            pd.check_model(self.model_args.num_experts, config.training.seq_len)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.grad_accum = num_microbatches(config, pd.dp)
+        pd.build_meshes(self.device.type)
+        self.is_writer = int(os.environ.get("RANK", 0)) == 0
+        if self.is_writer:
+            write_config(config, os.path.join(config.job.dump_folder, "config.toml"))
+
+        torch.manual_seed(config.training.seed)
+        if config.training.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+
+        # 1. Tokenizer and data: each data-parallel rank reads its own shard.
+        self.tokenizer = build_tokenizer(config.model.tokenizer_path)
+        if self.tokenizer.vocab_size > self.model_args.vocab_size:
+            raise ConfigError(
+                f"model.tokenizer_path = {config.model.tokenizer_path!r} has "
+                f"{self.tokenizer.vocab_size} tokens but flavor {config.model.flavor!r} has "
+                f"vocab_size {self.model_args.vocab_size}; set model.vocab_size"
+            )
+        self.dataloader = build_dataloader(
+            dataset=config.training.dataset,
+            dataset_path=config.training.dataset_path,
+            tokenizer=self.tokenizer,
+            seq_len=config.training.seq_len,
+            local_batch_size=config.training.local_batch_size,
+            packing=config.training.packing,
+            dp_rank=pd.dp_rank(),
+            dp_world_size=pd.dp,
+            seed=config.training.seed,
+            num_workers=config.training.num_workers,
+            pin_memory=self.device.type == "cuda",
+        )
+
+        # 2. Model: meta build, parallelize, materialize, initialize.
+        with torch.device("meta"):
+            model = Qwen3Model(self.model_args)
+        model = parallelize_qwen3(model, pd, config)
+        model.to_empty(device=self.device)
+        with torch.no_grad():
+            model.init_weights(buffer_device=self.device)
+        model.train()
+        self.model = model
+        self.autocast = self._autocast_context()
+
+        # 3. Optimizer, schedule, checkpoint, metrics.
+        self.optimizer = build_optimizer([model], config.optimizer, self.device.type)
+        self.lr_scheduler = build_lr_scheduler(
+            self.optimizer, config.lr_scheduler, config.training.steps
+        )
+        self.checkpointer = CheckpointManager(
+            folder=os.path.join(config.job.dump_folder, config.checkpoint.folder),
+            enable=config.checkpoint.enable,
+            interval=config.checkpoint.interval,
+            keep_latest_k=config.checkpoint.keep_latest_k,
+            model_parts=[model],
+            optimizers=[self.optimizer],
+            lr_schedulers=[self.lr_scheduler],
+            dataloader=self.dataloader,
+            initial_load_path=config.checkpoint.initial_load_path,
+            load_step=config.checkpoint.load_step,
+        )
+        self.metrics = MetricsLogger(
+            config.metrics,
+            config.job.dump_folder,
+            self.device,
+            self.model_args.num_flops_per_token(config.training.seq_len),
+            self.is_writer,
+        )
+        self.step = 0
+        self.stop_requested = False
+        n_params = sum(p.numel() for p in model.parameters())
+        logger.info(
+            f"model {config.model.flavor}: {n_params:,} parameters; world {world_size} "
+            f"({pd}); grad accumulation {self.grad_accum}; device {self.device}"
+        )
+
+    def _autocast_context(self) -> contextlib.AbstractContextManager:
+        """bf16 compute with fp32 master weights when nothing else (FSDP) casts parameters."""
+        t = self.config.training
+        wants_bf16 = t.mixed_precision_param == "bfloat16" and (
+            self.device.type == "cuda" or t.cpu_mixed_precision
+        )
+        if wants_bf16 and not self.parallel_dims.fsdp_enabled:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def next_batches(self, data_iter: Iterator) -> tuple[list[dict], float]:
+        """This step's micro-batches on the device, and the seconds spent waiting for them."""
+        start = time.perf_counter()
+        batches = []
+        for _ in range(self.grad_accum):
+            batch = next(data_iter)
+            batches.append({k: v.to(self.device, non_blocking=True) for k, v in batch.items()})
+        return batches, time.perf_counter() - start
+
+    def train_step(self, batches: list[dict]) -> dict:
+        pd = self.parallel_dims
+        loss_group = pd.mesh("dp_cp").get_group() if pd.dp * pd.cp > 1 else None
+        # The loss is a sum over tokens divided by the global valid-token count, so every
+        # micro-batch and rank weighs tokens equally whatever the layout.
+        global_tokens = sum(num_valid_tokens(b["labels"]) for b in batches)
+        global_tokens = dist_utils.all_reduce_sum(global_tokens.float(), loss_group)
+        aux_scale = 1.0 / (len(batches) * pd.dp * pd.cp)
+        ce_total = torch.zeros((), device=self.device)
+        aux_total = torch.zeros((), device=self.device)
+        for batch in batches:
+            with self.autocast:
+                logits_BSV = self.model(
+                    batch["input_ids"], batch["positions"], batch["document_ids"]
+                )
+            ce = cross_entropy_sum(logits_BSV, batch["labels"]) / global_tokens
+            loss = ce
+            aux = self.model.moe_aux_loss()
+            if aux is not None:
+                loss = loss + aux * aux_scale
+                aux_total += aux.detach() * aux_scale
+            del logits_BSV
+            loss.backward()
+            ce_total += ce.detach()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = dist_utils.clip_grad_norm_(params, self.config.training.max_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.lr_scheduler.step()
+        if self.model_args.num_experts and self.model_args.moe_bias_update_rate > 0:
+            self.model.update_expert_bias(self.model_args.moe_bias_update_rate)
+        out = {"loss": ce_total, "grad_norm": grad_norm}
+        if self.model_args.num_experts:
+            out["moe_aux_loss"] = aux_total
+        return out
+
+    def train(self) -> list[dict]:
+        config = self.config
+        self.step = self.checkpointer.load()
+        if self.step:
+            logger.info(f"resumed from step {self.step}")
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        gc.disable()
+        data_iter = iter(self.dataloader)
+        records = []
+        last = config.training.steps
+        while self.step < last:
+            self.step += 1
+            if self.step % config.training.gc_freq == 0:
+                gc.collect(1)
+            batches, data_time = self.next_batches(data_iter)
+            lr = self.lr_scheduler.get_last_lr()[0]
+            out = self.train_step(batches)
+            self.metrics.add_tokens(
+                sum(b["input_ids"].numel() for b in batches), data_time
+            )
+            if self.metrics.should_log(self.step, last):
+                records.append(self.metrics.log(self.step, self._reduce(out, lr)))
+            stop = self.step == config.training.exit_at_step or self._stop_requested_anywhere()
+            self.checkpointer.save(self.step, force=self.step == last or stop)
+            if stop and self.step < last:
+                logger.info(f"stopping at step {self.step} (checkpoint saved); resume to go on")
+                break
+        gc.enable()
+        self.metrics.close()
+        return records
+
+    def _reduce(self, out: dict, lr: float) -> dict:
+        """Step outputs as floats averaged over ranks (loss over dp*cp), plus expert load."""
+        pd = self.parallel_dims
+        group = pd.mesh("dp_cp").get_group() if pd.dp * pd.cp > 1 else None
+        values = {"loss": dist_utils.all_reduce_sum(out["loss"].clone(), group).item()}
+        values["grad_norm"] = float(out["grad_norm"])
+        values["lr"] = lr
+        if "moe_aux_loss" in out:
+            aux = dist_utils.all_reduce_sum(out["moe_aux_loss"].clone(), group)
+            values["moe_aux_loss"] = aux.item()
+            load_LE = dist_utils.all_reduce_sum(self.model.expert_load().clone(), group)
+            self.model.reset_expert_load()
+            per_layer = (load_LE.max(dim=1).values / load_LE.mean(dim=1).clamp(min=1e-9))
+            values["expert_load_imbalance"] = per_layer.mean().item()
+            values["expert_load_max_over_mean"] = [round(x, 3) for x in per_layer.tolist()]
+        return values
+
+    def _stop_requested_anywhere(self) -> bool:
+        """Whether any rank got SIGTERM: all ranks must stop (and save) at the same step."""
+        if self.parallel_dims.world_size == 1:
+            return self.stop_requested
+        flag = torch.tensor(float(self.stop_requested), device=self.device)
+        return bool(dist_utils.all_reduce_max(flag, torch.distributed.group.WORLD).item())
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        logger.info("SIGTERM: saving a checkpoint at the end of this step")
+        self.stop_requested = True
+
+
+def main(config: JobConfig) -> list[dict]:
+    logging.basicConfig(
+        level=logging.INFO if int(os.environ.get("RANK", 0)) == 0 else logging.WARNING,
+        format="[%(asctime)s] %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    if config.memory_estimation.enable:
+        from torchtitan_ablate.memory import estimate_main
+
+        return estimate_main(config)
+    trainer = Trainer(config)
+    try:
+        return trainer.train()
+    finally:
+        dist_utils.destroy_distributed()
+
+
+if __name__ == "__main__":
+    run_main(main)
