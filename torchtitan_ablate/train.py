@@ -5,7 +5,6 @@ parallelize_qwen3 -> to_empty -> init_weights -> optimizer, LR schedule, data, c
 metrics -> train. Legend: B batch, S sequence, V vocabulary.
 """
 
-import contextlib
 import dataclasses
 import gc
 import logging
@@ -90,7 +89,7 @@ class Trainer:
             raise ConfigError(str(e)) from None
         self.grad_accum = num_microbatches(config, pd.dp)
         pd.build_meshes(self.device.type)
-        self.is_writer = int(os.environ.get("RANK", 0)) == 0
+        self.is_writer = torch.distributed.get_rank() == 0
         if self.is_writer:
             write_config(config, os.path.join(config.job.dump_folder, "config.toml"))
 
@@ -123,13 +122,15 @@ class Trainer:
         # 2. Model: meta build, parallelize, materialize, initialize.
         with torch.device("meta"):
             model = Qwen3Model(self.model_args)
-        model = parallelize_qwen3(model, pd, config)
+        model = parallelize_qwen3(model, pd, config, self.device.type)
         model.to_empty(device=self.device)
-        with torch.no_grad():
-            model.init_weights(buffer_device=self.device)
+        if self.device.type == "cpu" and world_size > 1:
+            dist_utils.init_weights_unsharded(model, self.device)
+        else:
+            with torch.no_grad():
+                model.init_weights(buffer_device=self.device)
         model.train()
         self.model = model
-        self.autocast = self._autocast_context()
 
         # 3. Optimizer, schedule, checkpoint, metrics.
         self.optimizer = build_optimizer([model], config.optimizer, self.device.type)
@@ -163,16 +164,6 @@ class Trainer:
             f"({pd}); grad accumulation {self.grad_accum}; device {self.device}"
         )
 
-    def _autocast_context(self) -> contextlib.AbstractContextManager:
-        """bf16 compute with fp32 master weights when nothing else (FSDP) casts parameters."""
-        t = self.config.training
-        wants_bf16 = t.mixed_precision_param == "bfloat16" and (
-            self.device.type == "cuda" or t.cpu_mixed_precision
-        )
-        if wants_bf16 and not self.parallel_dims.fsdp_enabled:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
     def next_batches(self, data_iter: Iterator) -> tuple[list[dict], float]:
         """This step's micro-batches on the device, and the seconds spent waiting for them."""
         start = time.perf_counter()
@@ -193,10 +184,7 @@ class Trainer:
         ce_total = torch.zeros((), device=self.device)
         aux_total = torch.zeros((), device=self.device)
         for batch in batches:
-            with self.autocast:
-                logits_BSV = self.model(
-                    batch["input_ids"], batch["positions"], batch["document_ids"]
-                )
+            logits_BSV = self.model(batch["input_ids"], batch["positions"], batch["document_ids"])
             ce = cross_entropy_sum(logits_BSV, batch["labels"]) / global_tokens
             loss = ce
             aux = self.model.moe_aux_loss()
@@ -212,7 +200,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
         if self.model_args.num_experts and self.model_args.moe_bias_update_rate > 0:
-            self.model.update_expert_bias(self.model_args.moe_bias_update_rate)
+            self.model.update_expert_bias()
         out = {"loss": ce_total, "grad_norm": grad_norm}
         if self.model_args.num_experts:
             out["moe_aux_loss"] = aux_total
@@ -235,9 +223,7 @@ class Trainer:
             batches, data_time = self.next_batches(data_iter)
             lr = self.lr_scheduler.get_last_lr()[0]
             out = self.train_step(batches)
-            self.metrics.add_tokens(
-                sum(b["input_ids"].numel() for b in batches), data_time
-            )
+            self.metrics.add_tokens(sum(b["input_ids"].numel() for b in batches), data_time)
             if self.metrics.should_log(self.step, last):
                 records.append(self.metrics.log(self.step, self._reduce(out, lr)))
             stop = self.step == config.training.exit_at_step or self._stop_requested_anywhere()
@@ -261,7 +247,7 @@ class Trainer:
             values["moe_aux_loss"] = aux.item()
             load_LE = dist_utils.all_reduce_sum(self.model.expert_load().clone(), group)
             self.model.reset_expert_load()
-            per_layer = (load_LE.max(dim=1).values / load_LE.mean(dim=1).clamp(min=1e-9))
+            per_layer = load_LE.max(dim=1).values / load_LE.mean(dim=1).clamp(min=1e-9)
             values["expert_load_imbalance"] = per_layer.mean().item()
             values["expert_load_max_over_mean"] = [round(x, 3) for x in per_layer.tolist()]
         return values
@@ -288,9 +274,8 @@ def main(config: JobConfig) -> list[dict]:
         from torchtitan_ablate.memory import estimate_main
 
         return estimate_main(config)
-    trainer = Trainer(config)
     try:
-        return trainer.train()
+        return Trainer(config).train()
     finally:
         dist_utils.destroy_distributed()
 

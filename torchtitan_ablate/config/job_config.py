@@ -159,6 +159,9 @@ class Parallelism:
     expert_parallel_degree: int = 1
     """Ranks routed experts are split over (borrowed from dp_shard * cp)."""
 
+    fsdp_cpu_offload: bool = False
+    """Keep sharded parameters, gradients and optimizer state in CPU memory (FSDP2 offload)."""
+
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
     """never keeps gathered parameters until backward (ZeRO-2-like); always frees them after
     forward (ZeRO-3); default = always except the root module."""
@@ -188,14 +191,18 @@ class Float8:
     enable: bool = False
     """Train Linear layers in float8 (torchao; needs SM89+ GPUs)."""
 
-    recipe_name: Literal["tensorwise", "rowwise"] = "tensorwise"
+    recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     """torchao float8 scaling recipe."""
 
     enable_fsdp_float8_all_gather: bool = False
     """All-gather FSDP parameters in float8 (tensorwise only)."""
 
     filter_fqns: list[str] = field(default_factory=lambda: ["output", "router"])
-    """Modules whose names contain one of these stay in high precision."""
+    """Linear modules whose names contain one of these stay in high precision (so do linears
+    whose dimensions are not multiples of 16)."""
+
+    moe: bool = False
+    """Also run routed experts in float8 through torchao's grouped-GEMM path."""
 
 
 @dataclass

@@ -112,8 +112,7 @@ def _set(config: JobConfig, section: str, key: str, value: Any, source: str) -> 
     sections = _sections()
     if section not in sections:
         raise ConfigError(
-            f"{source}: unknown config section [{section}]; known sections: "
-            + ", ".join(sections)
+            f"{source}: unknown config section [{section}]; known sections: " + ", ".join(sections)
         )
     types_ = _field_types(sections[section])
     if key not in types_:

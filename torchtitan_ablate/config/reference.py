@@ -39,7 +39,8 @@ def render_markdown() -> str:
     defaults = JobConfig()
     for section in dataclasses.fields(JobConfig):
         cls = section.type
-        out += [f"## [{section.name}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        out += [f"## [{section.name}]", "", "| key | type | default | meaning |"]
+        out.append("|---|---|---|---|")
         for name, tp in _field_types(cls).items():
             value = getattr(getattr(defaults, section.name), name)
             shown = "none" if value is None else _toml_value(value)

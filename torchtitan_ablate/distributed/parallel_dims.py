@@ -107,6 +107,14 @@ class ParallelDims:
         self._meshes["dp"] = world["dp_replicate", "dp_shard"]._flatten("dp")
         self._meshes["dp_shard_cp"] = world["dp_shard", "cp"]._flatten("dp_shard_cp")
         self._meshes["dp_cp"] = world["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+        # FSDP's mesh: (replicate, shard over dp_shard*cp) for HSDP, else the shard dim alone.
+        # Its own root (same rank order), as slicing flattened dims out of a root is deprecated.
+        fsdp = init_device_mesh(
+            device_type,
+            (self.dp_replicate, self.dp_shard * self.cp),
+            mesh_dim_names=("dp_replicate", "dp_shard_cp"),
+        )
+        self._meshes["fsdp"] = fsdp if self.dp_replicate > 1 else fsdp["dp_shard_cp"]
         if self.ep_enabled:
             experts = init_device_mesh(
                 device_type,
@@ -114,10 +122,13 @@ class ParallelDims:
                 mesh_dim_names=("dp_replicate", "efsdp", "ep"),
             )
             self._meshes["experts"] = experts
+            self._meshes["experts_fsdp"] = (
+                experts["dp_replicate", "efsdp"] if self.dp_replicate > 1 else experts["efsdp"]
+            )
 
     def mesh(self, name: str) -> DeviceMesh:
         """Named (sub-)mesh: world, dp, dp_replicate, dp_shard, cp, dp_shard_cp, dp_cp (loss),
-        and with EP: ep, efsdp, experts (dp_replicate, efsdp, ep)."""
+        fsdp (1-D or HSDP 2-D), and with EP: ep, efsdp, experts, experts_fsdp."""
         if not self._meshes:
             raise RuntimeError("ParallelDims.build_meshes() has not been called")
         if name in self._meshes:

@@ -12,9 +12,13 @@ The order is fixed and matters:
 
 import logging
 
+import torch
 import torch.nn as nn
 
 from torchtitan_ablate.config.job_config import JobConfig
+from torchtitan_ablate.distributed.activation_checkpoint import apply_ac
+from torchtitan_ablate.distributed.compile import apply_compile
+from torchtitan_ablate.distributed.fsdp import apply_fsdp, describe_layout
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 
 logger = logging.getLogger("torchtitan_ablate")
@@ -28,19 +32,49 @@ def _not_yet(what: str) -> None:
     raise NotYetSupportedError(f"{what} is not implemented yet (see the parallelism issue)")
 
 
+def param_dtype(job_config: JobConfig, device_type: str) -> torch.dtype:
+    """bf16 compute on GPU by default; CPU stays fp32 unless asked, for exact comparisons."""
+    t = job_config.training
+    if t.mixed_precision_param == "bfloat16" and (device_type == "cuda" or t.cpu_mixed_precision):
+        return torch.bfloat16
+    return torch.float32
+
+
 def parallelize_qwen3(
-    model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig
+    model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig, device_type: str
 ) -> nn.Module:
+    pd = parallel_dims
     if job_config.float8.enable:
         _not_yet("float8.enable = true")
-    if parallel_dims.ep_enabled:
-        _not_yet(f"parallelism.expert_parallel_degree = {parallel_dims.ep}")
-    if parallel_dims.cp_enabled:
-        _not_yet(f"parallelism.context_parallel_degree = {parallel_dims.cp}")
-    if job_config.activation_checkpoint.mode != "none":
-        _not_yet(f"activation_checkpoint.mode = {job_config.activation_checkpoint.mode!r}")
+
+    if pd.ep_enabled:
+        _not_yet(f"parallelism.expert_parallel_degree = {pd.ep}")
+
+    if pd.cp_enabled:
+        _not_yet(f"parallelism.context_parallel_degree = {pd.cp}")
+
+    ac = job_config.activation_checkpoint
+    if ac.mode != "none":
+        apply_ac(model, ac.mode, ac.selective_ac_option)
+        logger.info(f"activation checkpointing: {ac.mode} ({ac.selective_ac_option})")
+
     if job_config.compile.enable and "model" in job_config.compile.components:
-        _not_yet("compile.enable = true")
-    if parallel_dims.dp > 1:
-        _not_yet(f"data parallel degree {parallel_dims.dp} (FSDP2/HSDP)")
+        # MoE blocks read token counts on the host in the CPU expert loop: allow graph breaks.
+        apply_compile(model, fullgraph=not model.args.num_experts)
+        logger.info("torch.compile per transformer block")
+
+    # FSDP2 also on one GPU: its MixedPrecisionPolicy gives bf16 compute over fp32 weights.
+    dtype = param_dtype(job_config, device_type)
+    if pd.dp > 1 or pd.cp > 1 or dtype != torch.float32:
+        p = job_config.parallelism
+        apply_fsdp(
+            model,
+            pd.mesh("fsdp"),
+            param_dtype=dtype,
+            reduce_dtype=getattr(torch, job_config.training.mixed_precision_reduce),
+            reshard_after_forward=p.fsdp_reshard_after_forward,
+            cpu_offload=p.fsdp_cpu_offload,
+            experts_mesh=pd.mesh("experts_fsdp") if pd.ep_enabled else None,
+        )
+        logger.info(describe_layout(pd.dp_replicate, pd.dp_shard * pd.cp))
     return model

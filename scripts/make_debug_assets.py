@@ -1,0 +1,202 @@
+"""Regenerate the shipped debug assets, byte for byte (same Python => same files).
+
+  assets/data/debug_corpus.jsonl      templated English-like documents, {"text": ...} per line
+  assets/tokenizer/debug.tiktoken     a byte-level BPE trained on that corpus (Qwen's regex),
+                                      2000 ids with the 3 specials, so it fits vocab_size 2048
+
+Usage: python scripts/make_debug_assets.py [--check]   (--check: fail if the files would change)
+
+The corpus has regularities a tiny model learns within tens of steps: fixed templates, a small
+vocabulary, copied names, counting and simple arithmetic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+import regex
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a fresh clone without installing the package
+
+from torchtitan_ablate.components.tokenizer import (  # noqa: E402
+    QWEN_PATTERN,
+    TIKTOKEN_SPECIALS,
+    save_tiktoken_ranks,
+)
+
+NUM_DOCS = 650
+VOCAB_SIZE = 2000  # including the special tokens
+
+NAMES = (
+    "Alice Bob Carol David Emma Frank Grace Henry Irene Jack Karen Liam Maria Noah Olivia Peter "
+    "Quinn Rosa Samuel Tara Umar Vera Walter Xenia Yusuf Zoe Arthur Beatrice Conrad Delia Edgar "
+    "Fiona Gustav Hannah Ivan Julia Kevin Lena Marcus Nadia Oscar Paula Rufus Sofia Tobias Ursula"
+).split()
+CITIES = (
+    "Paris London Berlin Madrid Rome Vienna Prague Lisbon Dublin Oslo Helsinki Athens Warsaw "
+    "Budapest Zurich Geneva Munich Hamburg Milan Naples Seville Porto Krakow Bergen Tallinn Riga"
+).split()
+JOBS = (
+    "baker teacher doctor farmer painter pilot sailor singer tailor writer lawyer nurse builder "
+    "gardener librarian engineer chemist dentist plumber carpenter butcher musician"
+).split()
+ANIMALS = (
+    "cat dog horse rabbit fox owl wolf bear mouse goat sheep duck goose swan otter badger deer "
+    "eagle falcon turtle frog lizard tiger lion zebra camel donkey pigeon sparrow"
+).split()
+COLORS = "red blue green yellow black white brown orange purple grey pink silver golden".split()
+ADJS = (
+    "small large quick slow happy quiet loud old young bright dark gentle brave clever lazy "
+    "hungry sleepy tiny huge calm wild friendly proud shy"
+).split()
+THINGS = (
+    "apples books coins letters stones flowers cookies pencils candles shells marbles ribbons "
+    "buttons cards keys maps plates cups spoons bottles baskets"
+).split()
+PLACES = (
+    "garden forest river market station library kitchen harbor castle meadow bridge village "
+    "bakery school museum theater tower valley"
+).split()
+VERBS = (
+    "jumps runs walks sleeps sings hides waits plays rests dances swims climbs reads writes "
+    "cooks paints"
+).split()
+NUMBERS = "zero one two three four five six seven eight nine ten eleven twelve".split()
+DAYS = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split()
+MONTHS = (
+    "January February March April May June July August September October November December"
+).split()
+
+
+# Invented surnames from syllables give the BPE sub-word structure to learn (and the corpus enough
+# distinct words to reach the vocabulary size); each document repeats its surname, so copying pays.
+ONSETS = "b br c ch d f g gr h k l m n p r s st t th v w".split()
+VOWELS = "a e i o u ai ea oo".split()
+CODAS = "n r l s th ck m nd rt ll".split()
+ENDINGS = "ton wick ham ford by field worth ley more dale".split()
+
+
+def make_surnames(rng: random.Random, count: int) -> list[str]:
+    names: set[str] = set()
+    while len(names) < count:
+        parts = [rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS)]
+        parts += [rng.choice(VOWELS) + rng.choice(CODAS)] if rng.random() < 0.4 else []
+        names.add(("".join(parts) + rng.choice(ENDINGS)).capitalize())
+    return sorted(names)
+
+
+def make_document(rng: random.Random, surnames: list[str]) -> str:
+    """A short story: a person, a city, a job, then several templated facts about them."""
+    name, friend = rng.sample(NAMES, 2)
+    surname, city, job = rng.choice(surnames), rng.choice(CITIES), rng.choice(JOBS)
+    article = "an" if job[0] in "aeiou" else "a"
+    sentences = [f"{name} {surname} lives in {city} and works as {article} {job}."]
+    for _ in range(rng.randint(3, 7)):
+        kind = rng.randrange(8)
+        if kind == 0:
+            a, b = rng.randint(2, 12), rng.randint(1, 9)
+            thing = rng.choice(THINGS)
+            sentences.append(
+                f"{name} has {a} {thing}. {friend} gives {name} {b} more. "
+                f"Now {name} has {a + b} {thing}."
+            )
+        elif kind == 1:
+            animal, adj, color = rng.choice(ANIMALS), rng.choice(ADJS), rng.choice(COLORS)
+            sentences.append(
+                f"The {adj} {color} {animal} {rng.choice(VERBS)} near the {rng.choice(PLACES)}."
+            )
+        elif kind == 2:
+            start = rng.randrange(len(NUMBERS) - 4)
+            sentences.append("We count: " + ", ".join(NUMBERS[start : start + 5]) + ".")
+        elif kind == 3:
+            d = rng.randrange(7)
+            sentences.append(f"After {DAYS[d]} comes {DAYS[(d + 1) % 7]}.")
+        elif kind == 4:
+            m = rng.randrange(12)
+            sentences.append(f"In {MONTHS[m]}, {name} visits {friend} in {rng.choice(CITIES)}.")
+        elif kind == 5:
+            sentences.append(f"Every morning the {job} goes to the {rng.choice(PLACES)}.")
+        elif kind == 6:
+            sentences.append(f"The {job} is called {name} {surname}.")
+        else:
+            sentences.append(f"{friend} asks {name}: where do you live? {name} says: in {city}.")
+    return " ".join(sentences)
+
+
+def make_corpus() -> list[str]:
+    rng = random.Random(1234)
+    surnames = make_surnames(rng, 600)
+    return [make_document(rng, surnames) for _ in range(NUM_DOCS)]
+
+
+def train_bpe(texts: list[str], num_ranks: int) -> dict[bytes, int]:
+    """Plain byte-level BPE over unique pre-tokens; ties broken by the smallest pair bytes."""
+    pattern = regex.compile(QWEN_PATTERN)
+    counts = collections.Counter(w for t in texts for w in pattern.findall(t))
+    words = [[bytes([b]) for b in w.encode("utf-8")] for w in sorted(counts)]
+    freqs = [counts[w] for w in sorted(counts)]
+    ranks = {bytes([b]): b for b in range(256)}
+    while len(ranks) < num_ranks:
+        pairs: collections.Counter = collections.Counter()
+        for parts, freq in zip(words, freqs):
+            for pair in zip(parts, parts[1:]):
+                pairs[pair] += freq
+        if not pairs:
+            break  # every pre-token is already a single token
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        merged = best[0] + best[1]
+        ranks[merged] = len(ranks)
+        for i, parts in enumerate(words):
+            if len(parts) < 2:
+                continue
+            out, j = [], 0
+            while j < len(parts):
+                if j + 1 < len(parts) and (parts[j], parts[j + 1]) == best:
+                    out.append(merged)
+                    j += 2
+                else:
+                    out.append(parts[j])
+                    j += 1
+            words[i] = out
+    return ranks
+
+
+def write_assets(root: Path) -> list[Path]:
+    corpus = make_corpus()
+    data = root / "assets" / "data" / "debug_corpus.jsonl"
+    tok = root / "assets" / "tokenizer" / "debug.tiktoken"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    tok.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus), encoding="ascii")
+    save_tiktoken_ranks(train_bpe(corpus, VOCAB_SIZE - len(TIKTOKEN_SPECIALS)), tok)
+    return [data, tok]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare with the shipped files")
+    args = parser.parse_args()
+    if not args.check:
+        for path in write_assets(ROOT):
+            print(f"wrote {path.relative_to(ROOT)} ({path.stat().st_size} bytes)")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        stale = [
+            p.relative_to(tmp)
+            for p in write_assets(Path(tmp))
+            if p.read_bytes() != (ROOT / p.relative_to(tmp)).read_bytes()
+        ]
+    if stale:
+        sys.exit(f"stale assets (rerun scripts/make_debug_assets.py): {stale}")
+    print("assets up to date")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Train one config on N gloo ranks (or one process) on the *same global batch* and return the
+per-step losses and the final full parameters, for layout-equivalence tests."""
+
+import itertools
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from torchtitan_ablate import train
+from torchtitan_ablate.components import data as data_mod
+from torchtitan_ablate.config import load_config
+
+BASE = [
+    "--job.config_file",
+    "train_configs/debug_model.toml",
+    "--training.seq_len",
+    "64",
+    "--training.steps",
+    "5",
+    "--metrics.log_freq",
+    "1",
+    "--optimizer.lr",
+    "3e-3",
+    "--lr_scheduler.warmup_steps",
+    "1",
+]
+GLOBAL_BATCH = 8
+
+
+class _GlobalBatchSlice:
+    """Reads the global batch stream (as one rank would) and yields this dp rank's rows, so
+    every layout sees the union of exactly the same rows as the one-process reference."""
+
+    def __init__(self, loader, dp_rank: int, dp: int) -> None:
+        self.loader, self.dp_rank, self.dp = loader, dp_rank, dp
+
+    def __iter__(self):
+        for batch in self.loader:
+            rows = GLOBAL_BATCH // self.dp
+            yield {k: v[self.dp_rank * rows : (self.dp_rank + 1) * rows] for k, v in batch.items()}
+
+    def state_dict(self):
+        return self.loader.state_dict()
+
+    def load_state_dict(self, sd):
+        self.loader.load_state_dict(sd)
+
+
+def _build_global_slicing_loader(**kw):
+    dp_rank, dp = kw.pop("dp_rank"), kw.pop("dp_world_size")
+    kw["local_batch_size"] = GLOBAL_BATCH
+    loader = data_mod.build_dataloader(dp_rank=0, dp_world_size=1, **kw)
+    return _GlobalBatchSlice(loader, dp_rank, dp)
+
+
+def train_layout(dump_folder: str, args: list[str]) -> dict:
+    """Runs on every rank; returns losses and (rank 0) the full fp32 parameters."""
+    train.build_dataloader = _build_global_slicing_loader
+    config = load_config(BASE + ["--job.dump_folder", dump_folder] + args)
+    trainer = train.Trainer(config)
+    dp = trainer.parallel_dims.dp
+    config.training.local_batch_size = GLOBAL_BATCH // dp
+    records = trainer.train()
+    sd = get_model_state_dict(
+        trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    rank = dist.get_rank()
+    return {
+        "losses": [r["loss"] for r in records],
+        "params": {k: v.clone() for k, v in sd.items()} if rank == 0 else None,
+    }
+
+
+def assert_same_training(got: dict, ref: dict, loss_rtol: float = 1e-5, atol: float = 1e-4):
+    for step, (a, b) in enumerate(itertools.zip_longest(got["losses"], ref["losses"]), 1):
+        assert a is not None and b is not None, "different number of steps"
+        assert abs(a - b) <= loss_rtol * abs(b), f"step {step}: loss {a} vs reference {b}"
+    assert got["params"].keys() == ref["params"].keys()
+    for k in ref["params"]:
+        torch.testing.assert_close(got["params"][k], ref["params"][k], atol=atol, rtol=0, msg=k)

@@ -1,0 +1,200 @@
+"""Data pipeline: packing layout, dp sharding, exact resume, text formats, clear errors."""
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchtitan_ablate.components.data import build_dataloader
+from torchtitan_ablate.components.tokenizer import build_tokenizer
+
+ROOT = Path(__file__).resolve().parents[3]
+BYTE = build_tokenizer("byte")  # eos 256, bos 257, pad 258
+EOS, PAD = BYTE.eos_id, BYTE.pad_id
+DOCS = [f"doc{i}:" + "x" * (i % 7) for i in range(12)]  # distinct, lengths 5..12 bytes
+
+
+def write_jsonl(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(texts)))
+    return path
+
+
+def loader(path: Path | str | None, dataset: str = "text", **kw):
+    args = dict(
+        dataset=dataset,
+        dataset_path=None if path is None else str(path),
+        tokenizer=BYTE,
+        seq_len=16,
+        local_batch_size=2,
+        packing="greedy",
+        dp_rank=0,
+        dp_world_size=1,
+        seed=0,
+    )
+    return build_dataloader(**(args | kw))
+
+
+def rows(dl, n: int) -> list[dict[str, torch.Tensor]]:
+    """The first n rows (unbatched) of a loader."""
+    out = []
+    for batch in dl:
+        out += [{k: v[i] for k, v in batch.items()} for i in range(len(batch["input_ids"]))]
+        if len(out) >= n:
+            return out[:n]
+    raise AssertionError("loader ended")
+
+
+def test_greedy_packing_layout(tmp_path: Path) -> None:
+    dl = loader(write_jsonl(tmp_path / "d.jsonl", DOCS))
+    stream, doc_of = [], []  # the token stream d0 EOS d1 EOS ..., twice (epochs re-loop)
+    for d, text in enumerate(DOCS * 2):
+        stream += list(text.encode()) + [EOS]
+        doc_of += [d] * (len(text) + 1)
+    for r, row in enumerate(rows(dl, 10)):
+        start = r * 16  # windows of 17 tokens overlapping by one
+        assert row["input_ids"].tolist() == stream[start : start + 16]
+        assert row["labels"].tolist() == stream[start + 1 : start + 17]
+        docs = torch.tensor(doc_of[start : start + 16])
+        assert row["document_ids"].tolist() == (docs - docs[0]).tolist()
+        for i in range(16):  # positions restart at each segment start and at the row start
+            seg_start = next(j for j in range(i + 1) if docs[j] == docs[i])
+            assert row["positions"][i] == i - seg_start
+    batch = next(iter(dl))
+    assert all(v.dtype == torch.long and v.shape == (2, 16) for v in batch.values())
+
+
+def test_padding_packing_layout(tmp_path: Path) -> None:
+    texts = ["abc", "z" * 40]
+    dl = loader(write_jsonl(tmp_path / "d.jsonl", texts), packing="padding")
+    short, long = rows(dl, 2)
+    assert short["input_ids"].tolist() == [97, 98, 99, EOS] + [PAD] * 12
+    assert short["labels"].tolist() == [98, 99, EOS] + [-100] * 13
+    assert short["document_ids"].tolist() == [0] * 4 + [1] * 12
+    assert short["positions"].tolist() == list(range(4)) + list(range(12))
+    # Too long: truncated to seq_len + 1 tokens, no EOS, nothing ignored.
+    assert long["input_ids"].tolist() == [122] * 16 and long["labels"].tolist() == [122] * 16
+    assert long["document_ids"].tolist() == [0] * 16
+    assert long["positions"].tolist() == list(range(16))
+
+
+def test_txt_paragraphs_and_folders(tmp_path: Path) -> None:
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a.txt").write_text("first para\nline two\n\n\n\nsecond\n")
+    write_jsonl(tmp_path / "b" / "c.jsonl", ["third"])
+    (tmp_path / "ignored.md").write_text("not data")
+    dl = loader(tmp_path, packing="padding")
+    got = [BYTE.decode(r["input_ids"].tolist()) for r in rows(dl, 4)]
+    assert got == ["first para\nline ", "second", "third", "first para\nline "]
+
+
+def documents_in(rows_: list[dict[str, torch.Tensor]], packing: str) -> list[str]:
+    """Decode the documents a list of rows holds (complete ones only)."""
+    if packing == "padding":
+        seqs = [r["input_ids"].tolist() for r in rows_]
+        return [BYTE.decode(s[: s.index(EOS)]) for s in seqs]
+    stream = torch.cat([r["input_ids"] for r in rows_]).tolist()  # windows overlap by one
+    return bytes(t if t != EOS else 0 for t in stream).decode().split("\0")[:-1]
+
+
+@pytest.mark.parametrize("packing", ["greedy", "padding"])
+def test_dp_shards_are_disjoint_and_cover(tmp_path: Path, packing: str) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS)
+    seen = []
+    for rank in range(3):
+        dl = loader(path, packing=packing, dp_rank=rank, dp_world_size=3, seq_len=32)
+        seen.append(set(documents_in(rows(dl, 6), packing)))
+        assert seen[-1] == {d for i, d in enumerate(DOCS) if i % 3 == rank}
+    assert set().union(*seen) == set(DOCS)
+
+
+def test_synthetic_is_deterministic_and_rank_dependent() -> None:
+    a = rows(loader(None, "synthetic", seed=3), 4)
+    b = rows(loader(None, "synthetic", seed=3), 4)
+    c = rows(loader(None, "synthetic", seed=3, dp_rank=1, dp_world_size=2), 4)
+    d = rows(loader(None, "synthetic", seed=4), 4)
+    assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(a, b))
+    assert not torch.equal(a[0]["input_ids"], c[0]["input_ids"])
+    assert not torch.equal(a[0]["input_ids"], d[0]["input_ids"])
+    assert all(int(r["input_ids"].max()) < BYTE.vocab_size for r in a)
+
+
+def take(it, n: int) -> list[dict[str, torch.Tensor]]:
+    return list(itertools.islice(it, n))
+
+
+@pytest.mark.parametrize(
+    "dataset,packing,num_workers",
+    [
+        ("text", "greedy", 0),
+        ("text", "padding", 0),
+        ("synthetic", "greedy", 0),
+        ("text", "greedy", 1),
+    ],
+)
+def test_exact_resume(tmp_path: Path, dataset: str, packing: str, num_workers: int) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS)  # 7 batches span 2 epochs
+    kw = dict(packing=packing, num_workers=num_workers, dp_rank=1, dp_world_size=2)
+    first = loader(path, dataset, **kw)
+    it = iter(first)
+    take(it, 2)  # saved mid-file in the second epoch
+    state = first.state_dict()
+    expected = take(it, 5)
+    resumed = loader(path, dataset, **kw)
+    resumed.load_state_dict(state)
+    got = take(iter(resumed), 5)
+    for want, have in zip(expected, got, strict=True):
+        for key in want:
+            assert torch.equal(want[key], have[key]), key
+
+
+def test_debug_assets_load() -> None:
+    tok = build_tokenizer(str(ROOT / "assets" / "tokenizer" / "debug.tiktoken"))
+    dl = build_dataloader(
+        dataset="text",
+        dataset_path=str(ROOT / "assets" / "data"),
+        tokenizer=tok,
+        seq_len=256,
+        local_batch_size=8,
+        packing="greedy",
+        dp_rank=0,
+        dp_world_size=1,
+        seed=0,
+    )
+    batch = next(iter(dl))
+    assert batch["input_ids"].shape == (8, 256) and int(batch["input_ids"].max()) < 2048
+    assert (batch["input_ids"] == tok.eos_id).any()
+
+
+def test_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="needs training.dataset_path"):
+        loader(None)
+    with pytest.raises(ValueError, match="does not exist"):
+        loader(tmp_path / "nope.jsonl")
+    with pytest.raises(ValueError, match="holds no .txt/.jsonl files"):
+        loader(tmp_path)
+    with pytest.raises(ValueError, match="training.dataset='hf'"):
+        loader(tmp_path, "hf")
+    with pytest.raises(ValueError, match="training.packing='best'"):
+        loader(tmp_path, packing="best")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n\n{"content": "no text"}\n')
+    with pytest.raises(ValueError, match=rf"{bad}:3: JSONL line has no string \"text\""):
+        rows(loader(bad, packing="padding"), 2)
+    bad.write_text('{"text": "ok"}\n{"text": oops}\n')
+    with pytest.raises(ValueError, match=rf"{bad}:2: invalid JSON"):
+        rows(loader(bad, packing="padding"), 2)
+    bad.write_bytes(b'{"text": "\xff"}\n')
+    with pytest.raises(ValueError, match=rf"{bad}:1: not valid UTF-8"):
+        rows(loader(bad), 1)
+    write_jsonl(bad, ["one", "two"])
+    with pytest.raises(ValueError, match="shard 2 of 3 .* got no non-empty document"):
+        rows(loader(bad, dp_rank=2, dp_world_size=3), 1)
+
+    def deny(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("builtins.open", deny)  # root ignores chmod, so simulate it
+    with pytest.raises(ValueError, match=rf"{bad} is unreadable: Permission denied"):
+        loader(bad)

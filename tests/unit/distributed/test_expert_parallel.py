@@ -1,0 +1,216 @@
+"""Expert parallel vs the plain MoE layer on gloo ranks: outputs, input and expert gradients.
+
+Every rank builds the same seeded layer and the full batch, computes the single-process
+reference, then feeds its own slice of the batch through the EP layer. The loss is a plain sum
+per rank, so the summed gradients over ranks equal the reference gradient (the trainer's
+local-sum / global-count loss with FSDP summing gradients, in miniature).
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from tests.dist_utils import run_distributed
+from torchtitan_ablate.distributed.expert_parallel import apply_ep
+from torchtitan_ablate.distributed.parallel_dims import ParallelDims
+from torchtitan_ablate.models.common.experts import GroupedExperts
+from torchtitan_ablate.models.common.moe import MoE
+from torchtitan_ablate.models.qwen3.args import qwen3_flavors
+from torchtitan_ablate.models.qwen3.model import Qwen3Model
+
+pytestmark = pytest.mark.slow  # multi-process
+
+DIM, HIDDEN, EXPERTS, TOP_K, SEQ = 16, 8, 8, 2, 6
+WEIGHTS = ("w1", "w2", "w3")
+# Experts given no tokens: none, or 2 and 3 (at EP 4 these are all of rank 1's experts, so that
+# rank receives no rows at all).
+DEAD_CASES = ([], [2, 3])
+
+
+class _OneLayer(nn.Module):
+    """The minimum apply_ep walks: model.layers[*].moe."""
+
+    def __init__(self, moe: MoE) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict({"0": nn.Module()})
+        self.layers["0"].moe = moe
+
+
+def _layer_and_batch(world: int, dead_experts: list[int]) -> tuple[MoE, torch.Tensor]:
+    torch.manual_seed(0)
+    moe = MoE(DIM, HIDDEN, EXPERTS, TOP_K, use_expert_bias=True)
+    moe.init_weights(0.02)
+    with torch.no_grad():
+        # The bias moves selection only: these experts get no tokens.
+        moe.expert_bias[dead_experts] = -10.0
+    x_BSD = torch.randn(2 * world, SEQ, DIM)
+    return moe, x_BSD
+
+
+def _reference(moe: MoE, x_BSD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    ref = copy.deepcopy(moe)
+    x_BSD = x_BSD.clone().requires_grad_()
+    out_BSD = ref(x_BSD)
+    target = torch.linspace(-1, 1, out_BSD.numel(), device=out_BSD.device).view_as(out_BSD)
+    (out_BSD * target).sum().backward()
+    grads = {n: getattr(ref.experts, n).grad for n in WEIGHTS}
+    return out_BSD.detach(), x_BSD.grad, grads
+
+
+def _ep_rank(efsdp: int) -> list[dict]:
+    """Both routing cases on one set of ranks (a spawn costs seconds); one dict per case."""
+    world = dist.get_world_size()
+    pd = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, ep=world // efsdp, world_size=world)
+    pd.build_meshes("cpu")
+    return [_ep_case(pd, dead, efsdp) for dead in DEAD_CASES]
+
+
+def _ep_case(pd: ParallelDims, dead_experts: list[int], efsdp: int) -> dict:
+    """On each rank: the EP (optionally + FSDP over efsdp) layer's results against reference."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    moe, x_BSD = _layer_and_batch(world, dead_experts)
+    ref_out, ref_dx, ref_grads = _reference(moe, x_BSD)
+
+    apply_ep(_OneLayer(moe), pd.mesh("ep"))
+    if efsdp > 1:
+        fully_shard(moe.experts, mesh=pd.mesh("efsdp"))
+        # Sum gradients as the trainer does; gloo has no PREMUL_SUM, which divide factor 1.0
+        # alone would ask for, so force a plain SUM.
+        moe.experts.set_gradient_divide_factor(1.0)
+        moe.experts.set_force_sum_reduction_for_comms(True)
+    rows = slice(2 * rank, 2 * rank + 2)
+    x_bSD = x_BSD[rows].clone().requires_grad_()
+    out_bSD = moe(x_bSD)
+    target = torch.linspace(-1, 1, ref_out.numel()).view_as(ref_out)[rows]
+    (out_bSD * target).sum().backward()
+
+    # Re-initialising the sharded experts gives the plain layer's initial weights.
+    torch.manual_seed(1)
+    moe.experts.init_weights(0.02)
+    torch.manual_seed(1)
+    plain = GroupedExperts(DIM, HIDDEN, EXPERTS)
+    plain.init_weights(0.02)
+    init_diff = max(
+        (getattr(moe.experts, n).full_tensor() - getattr(plain, n)).abs().max().item()
+        for n in WEIGHTS
+    )
+    w1 = moe.experts.w1
+    return {
+        "init": init_diff,
+        "out": (out_bSD.detach() - ref_out[rows]).abs().max().item(),
+        "dx": (x_bSD.grad - ref_dx[rows]).abs().max().item(),
+        "grads": {
+            n: (getattr(moe.experts, n).grad.full_tensor() - ref_grads[n]).abs().max().item()
+            for n in WEIGHTS
+        },
+        "local_experts": w1.to_local().shape[0],
+        "global_shape": tuple(w1.shape),
+        "starved": sum(int(ref_grads["w1"][e].abs().sum() == 0) for e in range(EXPERTS)),
+    }
+
+
+def _check(results: list[list[dict]], local_experts: int) -> None:
+    for per_case in results:
+        for dead, r in zip(DEAD_CASES, per_case):
+            assert r["out"] < 1e-5 and r["dx"] < 1e-5 and r["init"] == 0, r
+            assert max(r["grads"].values()) < 1e-5, r
+            assert r["global_shape"][0] == EXPERTS and r["local_experts"] == local_experts
+            assert r["starved"] == len(dead)  # the zero-token case really happened
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ep_matches_single_process(world: int) -> None:
+    _check(run_distributed(_ep_rank, world, 1), EXPERTS // world)
+
+
+def test_ep2_with_fsdp2_over_efsdp2() -> None:
+    # The resharded local tensor holds 8 / (ep 2 * efsdp 2) experts.
+    _check(run_distributed(_ep_rank, 4, 2), EXPERTS // 4)
+
+
+def _gpu_rank() -> list[float]:
+    """EP 2 on NCCL in bf16 (grouped GEMM path) against the same layer without EP."""
+    rank = dist.get_rank()
+    torch.cuda.set_device(rank)
+    pd = ParallelDims(dp_replicate=1, dp_shard=2, cp=1, ep=2, world_size=2)
+    pd.build_meshes("cuda")
+    errors = []
+    for dead in ([], [0, 1, 2, 3]):  # the second leaves rank 0 with no rows at all
+        with torch.device("cuda"):
+            moe, x_BSD = _layer_and_batch(2, dead)
+        moe, x_BSD = moe.to(torch.bfloat16), x_BSD.to(torch.bfloat16)
+        ref_out, _, ref_grads = _reference(moe, x_BSD)
+        apply_ep(_OneLayer(moe), pd.mesh("ep"))
+        rows = slice(2 * rank, 2 * rank + 2)
+        out_bSD = moe(x_BSD[rows])
+        target = torch.linspace(-1, 1, ref_out.numel(), device="cuda").view_as(ref_out)[rows]
+        (out_bSD * target).sum().backward()
+        pairs = [(out_bSD, ref_out[rows])]
+        pairs += [(getattr(moe.experts, n).grad.full_tensor(), ref_grads[n]) for n in WEIGHTS]
+        errors += [((a - b).abs().max() / b.abs().max()).item() for a, b in pairs]
+    return errors
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_ep2_nccl_bf16_grouped_mm() -> None:
+    for errors in run_distributed(_gpu_rank, 2, backend="nccl"):
+        assert max(errors) < 2e-2, errors  # relative to the largest entry; bf16
+
+
+def _build_qwen3_moe(ep_mesh: DeviceMesh | None) -> Qwen3Model:
+    with torch.device("meta"):
+        model = Qwen3Model(qwen3_flavors["debugmodel_moe"])
+    if ep_mesh is not None:
+        apply_ep(model, ep_mesh)
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    model.init_weights()
+    return model
+
+
+def _meta_model_rank() -> tuple:
+    world = dist.get_world_size()
+    pd = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, ep=world, world_size=world)
+    pd.build_meshes("cpu")
+    model = _build_qwen3_moe(pd.mesh("ep"))
+    plain = _build_qwen3_moe(None)
+    init_diff = max(
+        (getattr(m.experts, n).full_tensor() - getattr(p.experts, n)).abs().max().item()
+        for m, p in zip(model.moe_layers(), plain.moe_layers())
+        for n in WEIGHTS
+    )
+    tokens_BS = torch.randint(0, model.args.vocab_size, (1, 8))
+    model(tokens_BS).float().sum().backward()
+    w1 = model.layers["0"].moe.experts.w1
+    shapes = tuple(w1.shape), tuple(w1.to_local().shape)
+    return isinstance(w1, DTensor), shapes, w1.grad is not None, init_diff
+
+
+def test_apply_ep_on_meta_qwen3_moe() -> None:
+    for is_dtensor, shapes, has_grad, init_diff in run_distributed(_meta_model_rank, 2):
+        assert is_dtensor and has_grad
+        assert shapes[0][0] == 8 and shapes[1][0] == 4 and shapes[0][1:] == shapes[1][1:]
+        assert init_diff == 0  # the same initial experts as without EP
+
+
+def _bad_degree_rank() -> str:
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("ep",))
+    with torch.device("meta"):
+        moe = MoE(DIM, HIDDEN, 3, TOP_K)
+    try:
+        apply_ep(_OneLayer(moe), mesh)
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+def test_experts_not_divisible_by_ep() -> None:
+    msg = run_distributed(_bad_degree_rank, 2)[0]
+    assert "expert_parallel_degree = 2" in msg and "(3)" in msg and "\n" not in msg

@@ -1,0 +1,369 @@
+"""Checkpointing with torch.distributed.checkpoint (DCP): periodic save, pruning, exact resume.
+
+Layout: `<folder>/step-<N>/` is one DCP checkpoint. Its state dict holds
+  - the model's FQNs at the top level (so a model-only checkpoint is just the model state dict),
+  - `optimizer` (flattened, FQN-keyed: reshards across N -> M ranks),
+  - `lr_scheduler`, `step`, and each extra state the trainer registers (same on every rank),
+  - `dataloader.rank<r>` and `rng.rank<r>` (one per rank: each rank's data and RNG differ).
+A save writes `step-<N>.tmp/` and rank 0 renames it to `step-<N>/` only after DCP has written
+`.metadata` on every rank, so a crash mid-save never leaves a `step-<N>` that resume would pick.
+Only `step-<N>` directories holding `.metadata` count as checkpoints; rank 0 removes leftover
+`.tmp` / `.deleting` directories at start.
+"""
+
+import logging
+import os
+import pickle
+import random
+import re
+import shutil
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.stateful import Stateful
+
+logger = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+_STALE_DIR = re.compile(r"^step-\d+\.(tmp|deleting)$")
+_METADATA = ".metadata"  # written last by DCP's coordinator: its presence marks a complete save
+_RESERVED = ("optimizer", "lr_scheduler", "step", "dataloader", "rng")
+# Optimizer state keyed by parameter FQN, so it reshards like the model does.
+_OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+@dataclass
+class TrainState(Stateful):
+    """Counters the trainer may register as an extra state (`states={"train_state": ...}`)."""
+
+    step: int = 0
+    tokens_seen: int = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "tokens_seen": self.tokens_seen}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.step = int(state_dict["step"])
+        self.tokens_seen = int(state_dict["tokens_seen"])
+
+
+class ModelWrapper(Stateful):
+    """All model parts as one FQN-keyed state dict (DTensor shards under FSDP2, else tensors)."""
+
+    def __init__(self, model_parts: list[nn.Module]) -> None:
+        self.model_parts = model_parts
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v for part in self.model_parts for k, v in get_model_state_dict(part).items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for part in self.model_parts:
+            own = {k: state_dict[k] for k in get_model_state_dict(part)}
+            set_model_state_dict(part, own)
+
+
+class OptimizerWrapper(Stateful):
+    """One optimizer per model part, merged into one flat state dict keyed by parameter FQN."""
+
+    def __init__(self, model_parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]):
+        if len(model_parts) != len(optimizers):
+            raise ValueError(
+                f"need one optimizer per model part, got {len(optimizers)} optimizers "
+                f"for {len(model_parts)} model parts"
+            )
+        self.pairs = list(zip(model_parts, optimizers))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            k: v
+            for model, optim in self.pairs
+            for k, v in get_optimizer_state_dict(model, optim, options=_OPTIM_OPTIONS).items()
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for model, optim in self.pairs:
+            own = get_optimizer_state_dict(model, optim, options=_OPTIM_OPTIONS).keys()
+            set_optimizer_state_dict(
+                model, optim, {k: state_dict[k] for k in own}, options=_OPTIM_OPTIONS
+            )
+
+
+class RNGState:
+    """This process's RNG streams: Python, torch CPU and (when present) the current CUDA device."""
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        random.setstate(state_dict["python"])
+        torch.set_rng_state(state_dict["torch"])
+        if "cuda" in state_dict and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state_dict["cuda"])
+
+
+class _Pickled(Stateful):
+    """Stores an object's state as one opaque blob.
+
+    DCP would otherwise flatten the nested dict and, on load, demand exactly the keys of the live
+    object's current state, whose shape can differ (a fresh loader vs one mid-epoch, a newer torch).
+    """
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pickle": pickle.dumps(self.obj.state_dict())}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.obj.load_state_dict(pickle.loads(state_dict["pickle"]))
+
+
+class _SchedulerList:
+    def __init__(self, schedulers: list) -> None:
+        self.schedulers = schedulers
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        return [s.state_dict() for s in self.schedulers]
+
+    def load_state_dict(self, states: list[dict[str, Any]]) -> None:
+        if len(states) != len(self.schedulers):
+            raise ValueError(
+                f"checkpoint has {len(states)} LR schedulers, run has {len(self.schedulers)}"
+            )
+        for sched, state in zip(self.schedulers, states):
+            sched.load_state_dict(state)
+
+
+class CheckpointManager:
+    """Saves every `interval` steps into `<folder>/step-<N>/`, keeps the newest `keep_latest_k`
+    (<= 0 keeps all), and resumes from the newest complete step (or `load_step`).
+
+    `enable=False` turns off saving and resuming from `folder`; `initial_load_path` (a model-only
+    or full DCP checkpoint) still seeds the model weights when there is nothing to resume from.
+    `states` are extra Stateful objects saved under their names, e.g. {"train_state": TrainState()}.
+    Every rank must call the constructor, `save` and `load` (they hold collectives).
+    """
+
+    def __init__(
+        self,
+        *,
+        folder: str,
+        enable: bool,
+        interval: int,
+        keep_latest_k: int,
+        model_parts: list[nn.Module],
+        optimizers: list[torch.optim.Optimizer],
+        lr_schedulers: list,
+        dataloader: Any | None,
+        initial_load_path: str | None = None,
+        load_step: int = -1,
+        states: dict[str, Stateful] | None = None,
+    ) -> None:
+        if enable and interval <= 0:
+            raise ValueError(f"checkpoint interval must be > 0, got {interval}")
+        self.states = dict(states or {})
+        for name in self.states:
+            if name.split(".")[0] in _RESERVED:
+                raise ValueError(f"checkpoint state name {name!r} is reserved ({_RESERVED})")
+        self.folder = folder
+        self.enable = enable
+        self.interval = interval
+        self.keep_latest_k = keep_latest_k
+        self.initial_load_path = initial_load_path
+        self.load_step = load_step
+        self.model = ModelWrapper(model_parts)
+        self.optimizer = OptimizerWrapper(model_parts, optimizers)
+        self.lr_schedulers = _Pickled(_SchedulerList(lr_schedulers))
+        self.dataloader = dataloader
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        if enable:
+            if self.rank == 0:
+                os.makedirs(folder, exist_ok=True)
+                for name in os.listdir(folder):
+                    if _STALE_DIR.match(name):
+                        logger.warning(f"removing incomplete checkpoint {folder}/{name}")
+                        shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+            _barrier()
+
+    def save(self, step: int, force: bool = False) -> bool:
+        """Saves at `step` when enabled and (`step % interval == 0` or `force`); True if saved."""
+        if not self.enable or (step % self.interval != 0 and not force):
+            return False
+        final = self._step_dir(step)
+        tmp = f"{final}.tmp"
+        if self.rank == 0 and os.path.exists(tmp):
+            shutil.rmtree(tmp)
+        _barrier()  # no rank may write into tmp before rank 0 has cleared it
+        t0 = time.perf_counter()
+        state = {**self.model.state_dict(), **self._states(step, for_load=False)}
+        _dcp_save(state, tmp)
+        _barrier()  # every rank's files and the .metadata are in tmp
+        if self.rank == 0:
+            _fsync_dir(tmp)
+            if os.path.exists(final):  # re-saving a step: the new files replace the old ones
+                _remove(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.folder)
+            self._prune()
+        _barrier()  # nobody proceeds (or loads) before the rename
+        logger.info(f"saved checkpoint {final} in {time.perf_counter() - t0:.1f}s")
+        return True
+
+    def load(self, step: int = -1) -> int:
+        """Restores everything from `step` (-1: `load_step`, whose -1 means the newest complete
+        step); returns the step loaded, or 0 when there was nothing to resume."""
+        step = step if step >= 0 else self.load_step
+        if self.enable:
+            steps = self.complete_steps()
+            if step >= 0 or steps:
+                step = step if step >= 0 else steps[-1]
+                path = self._step_dir(step)
+                if not os.path.isdir(path):
+                    raise ValueError(
+                        f"checkpoint step {step} not found: {path} does not exist "
+                        f"(complete steps in {self.folder}: {steps})"
+                    )
+                if self.initial_load_path:
+                    logger.info(f"resuming from {path}: initial_load_path is not used")
+                self._load_full(path, step)
+                return step
+        elif step >= 0:
+            logger.warning(f"load_step={step} has no effect: checkpointing is disabled")
+        if self.initial_load_path:
+            keys = _saved_keys(self.initial_load_path)
+            model_sd = self.model.state_dict()
+            _check_keys(self.initial_load_path, model_sd, keys)
+            _dcp_load(model_sd, self.initial_load_path)
+            self.model.load_state_dict(model_sd)
+            logger.info(f"loaded model weights from {self.initial_load_path}")
+        return 0
+
+    def complete_steps(self) -> list[int]:
+        """Steps in `folder` whose save finished (a `step-<N>` directory holding `.metadata`)."""
+        if not os.path.isdir(self.folder):
+            return []
+        steps = []
+        for name in os.listdir(self.folder):
+            match = _STEP_DIR.match(name)
+            if match and os.path.isfile(os.path.join(self.folder, name, _METADATA)):
+                steps.append(int(match.group(1)))
+            elif match:
+                logger.warning(f"ignoring {self.folder}/{name}: no {_METADATA}, not complete")
+        return sorted(steps)
+
+    def _step_dir(self, step: int) -> str:
+        return os.path.join(self.folder, f"step-{step}")
+
+    def _states(self, step: int, for_load: bool, saved_ranks: set[int] | None = None) -> dict:
+        """Everything but the model. On load, per-rank entries are only asked for when the
+        checkpoint was written by the same number of ranks (else they would not mean the same)."""
+        states: dict[str, Any] = {
+            "optimizer": self.optimizer,
+            "lr_scheduler": self.lr_schedulers,
+            "step": step,
+            **self.states,
+        }
+        if not for_load or saved_ranks == set(range(self.world_size)):
+            states[f"rng.rank{self.rank}"] = _Pickled(RNGState())
+            if self.dataloader is not None:
+                states[f"dataloader.rank{self.rank}"] = _Pickled(self.dataloader)
+        return states
+
+    def _load_full(self, path: str, step: int) -> None:
+        keys = _saved_keys(path)
+        saved_ranks = {int(m.group(1)) for k in keys if (m := re.match(r"rng\.rank(\d+)\.", k))}
+        state = {**self.model.state_dict(), **self._states(step, True, saved_ranks)}
+        if f"rng.rank{self.rank}" not in state:
+            logger.warning(
+                f"checkpoint {path} was saved by {len(saved_ranks)} ranks, this run has "
+                f"{self.world_size}: data loader and RNG states are not restored (inexact resume)"
+            )
+        elif self.dataloader is not None and f"dataloader.rank{self.rank}.pickle" not in keys:
+            state.pop(f"dataloader.rank{self.rank}", None)
+            logger.warning(f"checkpoint {path} has no data loader state: data restarts")
+        _check_keys(path, state, keys)
+        _dcp_load(state, path)
+        if state["step"] != step:
+            raise ValueError(f"checkpoint {path} holds step {state['step']}, expected {step}")
+        self.model.load_state_dict(state)
+        logger.info(f"loaded checkpoint {path}")
+
+    def _prune(self) -> None:
+        if self.keep_latest_k > 0:
+            for old in self.complete_steps()[: -self.keep_latest_k]:
+                _remove(self._step_dir(old))
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _dcp_save(state: dict[str, Any], path: str) -> None:
+    with warnings.catch_warnings():  # single-process (no process group) is intended, not a slip
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+
+
+def _dcp_load(state: dict[str, Any], path: str) -> None:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        try:
+            dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+        except Exception as e:  # DCP raises on every rank, so all ranks fail alike
+            raise ValueError(f"cannot load checkpoint {path}: {type(e).__name__}: {e}") from e
+
+
+def _saved_keys(path: str) -> set[str]:
+    """The flattened keys a complete DCP checkpoint holds; ValueError if it is not one."""
+    if not os.path.isfile(os.path.join(path, _METADATA)):
+        found = sorted(os.listdir(path))[:10] if os.path.isdir(path) else "nothing"
+        raise ValueError(f"{path} is not a complete DCP checkpoint: no {_METADATA} (found {found})")
+    try:
+        metadata = dcp.FileSystemReader(path).read_metadata()
+    except Exception as e:
+        raise ValueError(f"cannot read {path}/{_METADATA}: {type(e).__name__}: {e}") from e
+    return set(metadata.state_dict_metadata)
+
+
+def _check_keys(path: str, state: dict[str, Any], keys: set[str]) -> None:
+    """Names what a checkpoint lacks up front (DCP would stop at the first missing key)."""
+    missing = [k for k in state if k not in keys and not any(s.startswith(f"{k}.") for s in keys)]
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks {len(missing)} entries: {sorted(missing)[:8]}")
+
+
+def _remove(path: str) -> None:
+    """Renames first, so a crash mid-delete leaves a `.deleting` dir, never a broken `step-N`."""
+    trash = f"{path}.deleting"
+    os.rename(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _fsync_dir(path: str) -> None:
+    """Makes renames and new entries in `path` durable (no-op where dirs cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,173 @@
+"""Document sources: infinite, deterministic, sharded, resumable streams of token lists.
+
+A source yields one tokenized document (list[int], without EOS) at a time. Sharding is by
+document: with `num_shards` shards (dp ranks x loader workers), shard s keeps the documents whose
+global index i satisfies i % num_shards == s, so shards are disjoint and together cover the data.
+Every shard reads every file's lines, but decodes and tokenizes only its own documents. Resuming
+is exact only with the same shard layout.
+
+Text formats (files, or folders searched recursively in sorted path order):
+  .jsonl  one document per non-blank line, {"text": "..."} (other keys ignored)
+  .txt    one document per paragraph; paragraphs are separated by one or more blank lines
+Files are read in the same order every epoch (no shuffling: shuffle the data beforehand).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchtitan_ablate.components.tokenizer import Tokenizer
+
+TEXT_SUFFIXES = (".txt", ".jsonl")
+
+
+class SyntheticDocuments:
+    """Random-token documents of random length in [1, 2 * seq_len]; never ends.
+
+    Document k of shard s is a pure function of (seed, s, k), so the state is just k.
+    """
+
+    def __init__(self, vocab_size: int, seq_len: int, seed: int) -> None:
+        self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
+        self.shard, self.num_shards = 0, 1
+        self.doc_idx = 0
+
+    def set_shard(self, shard: int, num_shards: int) -> None:
+        self.shard, self.num_shards = shard, num_shards
+
+    def __iter__(self) -> Iterator[list[int]]:
+        while True:
+            key = f"{self.seed}/{self.shard}/{self.num_shards}/{self.doc_idx}".encode()
+            seed = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+            gen = torch.Generator().manual_seed(seed)
+            length = int(torch.randint(1, 2 * self.seq_len + 1, (1,), generator=gen))
+            self.doc_idx += 1  # advance before yielding: state always means "consumed"
+            yield torch.randint(0, self.vocab_size, (length,), generator=gen).tolist()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"doc_idx": self.doc_idx}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.doc_idx = state["doc_idx"]
+
+
+def list_text_files(path: str | None) -> list[Path]:
+    """The .txt/.jsonl files under `path` (a file or folder), sorted; ValueError if none."""
+    if not path:
+        raise ValueError(
+            "dataset 'text' needs training.dataset_path (a .txt/.jsonl file or folder)"
+        )
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(
+            f
+            for f in p.rglob("*")
+            if f.is_file() and f.suffix in TEXT_SUFFIXES and not f.name.startswith(".")
+        )
+        if not files:
+            raise ValueError(f"dataset folder {path} holds no {'/'.join(TEXT_SUFFIXES)} files")
+    elif p.is_file():
+        if p.suffix not in TEXT_SUFFIXES:
+            raise ValueError(f"dataset file {path} is not one of {'/'.join(TEXT_SUFFIXES)}")
+        files = [p]
+    else:
+        raise ValueError(f"dataset path {path} does not exist")
+    for f in files:
+        try:
+            with open(f, "rb") as fh:
+                fh.read(1)
+        except OSError as e:
+            raise ValueError(f"dataset file {f} is unreadable: {e.strerror}") from e
+    return files
+
+
+class TextDocuments:
+    """Documents from .txt/.jsonl files, re-looped over epochs, resumable mid-file.
+
+    State: epoch, file index, byte offset and line number in that file, global document index.
+    Files are read in binary mode so the byte offset can be saved and seeked to on resume.
+    """
+
+    def __init__(self, files: list[Path], tokenizer: Tokenizer) -> None:
+        self.files, self.tokenizer = files, tokenizer
+        self.shard, self.num_shards = 0, 1
+        self.epoch, self.file_idx, self.offset, self.line_no, self.doc_idx = 0, 0, 0, 0, 0
+
+    def set_shard(self, shard: int, num_shards: int) -> None:
+        self.shard, self.num_shards = shard, num_shards
+
+    def __iter__(self) -> Iterator[list[int]]:
+        while True:
+            fresh_epoch, yielded = self.file_idx == 0 and self.offset == 0, False
+            while self.file_idx < len(self.files):
+                path = self.files[self.file_idx]
+                for raw, first_line, last_line, end in self._raw_docs(path):
+                    mine = self.doc_idx % self.num_shards == self.shard
+                    self.doc_idx, self.offset, self.line_no = self.doc_idx + 1, end, last_line
+                    if mine:  # only this shard's documents are decoded and tokenized
+                        tokens = self.tokenizer.encode(_decode(path, raw, first_line))
+                        if tokens:
+                            yielded = True
+                            yield tokens
+                self.file_idx, self.offset, self.line_no = self.file_idx + 1, 0, 0
+            if fresh_epoch and not yielded:  # else this shard would loop forever, yielding nothing
+                raise ValueError(
+                    f"dataset {self.files[0]}{' ...' if len(self.files) > 1 else ''}: shard "
+                    f"{self.shard} of {self.num_shards} (dp ranks x loader workers) got no "
+                    f"non-empty document out of {self.doc_idx}"
+                )
+            self.epoch, self.file_idx, self.doc_idx = self.epoch + 1, 0, 0
+
+    def _raw_docs(self, path: Path) -> Iterator[tuple[bytes, int, int, int]]:
+        """Yield (raw doc, first line, last line read, byte offset after it) from self.offset."""
+        try:
+            fh = open(path, "rb")
+        except OSError as e:
+            raise ValueError(f"dataset file {path} is unreadable: {e.strerror}") from e
+        with fh:
+            fh.seek(self.offset)
+            offset, line_no, para, first = self.offset, self.line_no, [], 0
+            is_txt = path.suffix == ".txt"
+            for line in fh:
+                offset, line_no = offset + len(line), line_no + 1
+                if not line.strip():
+                    if para:  # a blank line closes the paragraph
+                        yield b"".join(para).rstrip(b"\r\n"), first, line_no, offset
+                        para = []
+                elif not is_txt:
+                    yield line, line_no, line_no, offset
+                else:
+                    first = first if para else line_no
+                    para.append(line)
+            if para:
+                yield b"".join(para).rstrip(b"\r\n"), first, line_no, offset
+
+    def state_dict(self) -> dict[str, Any]:
+        keys = ("epoch", "file_idx", "offset", "line_no", "doc_idx")
+        return {k: getattr(self, k) for k in keys}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.file_idx, self.offset = state["epoch"], state["file_idx"], state["offset"]
+        self.line_no, self.doc_idx = state["line_no"], state["doc_idx"]
+
+
+def _decode(path: Path, raw: bytes, line_no: int) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{line_no}: not valid UTF-8 ({e.reason})") from e
+    if path.suffix == ".txt":
+        return text
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{line_no}: invalid JSON ({e.msg})") from e
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        raise ValueError(f'{path}:{line_no}: JSONL line has no string "text" field')
+    return record["text"]

@@ -1,0 +1,132 @@
+"""Turn a stream of tokenized documents into fixed-length training rows.
+
+Every row is a dict of LongTensors of length S = seq_len:
+  input_ids     the tokens fed to the model
+  labels        the next token for each position; -100 = ignored by the loss
+  document_ids  0, 1, 2, ... : which segment of the row a token belongs to
+  positions     index of the token inside its segment (restarts at 0 at every segment start)
+
+greedy   documents are concatenated as d0 EOS d1 EOS ... and cut into windows of S + 1 tokens;
+         input = window[:-1], labels = window[1:]. Consecutive windows overlap by one token, so
+         every next-token pair of the stream is trained exactly once. An EOS belongs to the
+         document it ends. A document cut by a row boundary continues in the next row as segment
+         0 with positions restarting at 0: with RoPE only position differences matter inside a
+         segment, and positions stay < S.
+padding  one document per row: (doc + EOS) truncated to S + 1 tokens (the rest is dropped), then
+         padded with pad_id. Labels past the document are -100; the padding is its own segment.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from torchtitan_ablate.components.data.datasets import SyntheticDocuments, TextDocuments
+
+PACKING_MODES = ("greedy", "padding")
+IGNORE_INDEX = -100
+
+
+def segment_positions(document_ids: torch.Tensor) -> torch.Tensor:
+    """positions[i] = i - (index of the first token of i's segment); document_ids sorted."""
+    idx = torch.arange(document_ids.numel())
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[1:] = document_ids[1:] != document_ids[:-1]
+    first = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=0).values
+    return idx - first
+
+
+class PackedDataset(IterableDataset):
+    """Packs a document source into rows; stateful (source position + carried-over tokens)."""
+
+    def __init__(
+        self,
+        source: SyntheticDocuments | TextDocuments,
+        seq_len: int,
+        packing: str,
+        eos_id: int,
+        pad_id: int,
+        dp_rank: int,
+        dp_world_size: int,
+    ) -> None:
+        if packing not in PACKING_MODES:
+            raise ValueError(f"training.packing={packing!r}; expected one of {PACKING_MODES}")
+        self.source, self.seq_len, self.packing = source, seq_len, packing
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
+        # Carry-over of greedy packing: tokens not yet emitted and their running document counter.
+        self.buffer: list[int] = []
+        self.buffer_docs: list[int] = []
+        self.docs_seen = 0
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        # Loader workers split this rank's documents further; shard = (dp rank, worker).
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info else (1, 0)
+        self.source.set_shard(self.dp_rank * workers + worker, self.dp_world_size * workers)
+        rows = self._greedy() if self.packing == "greedy" else self._padding()
+        yield from rows
+
+    def _greedy(self) -> Iterator[dict[str, torch.Tensor]]:
+        window = self.seq_len + 1
+        docs = iter(self.source)
+        while True:
+            while len(self.buffer) < window:
+                doc = next(docs) + [self.eos_id]
+                self.buffer += doc
+                self.buffer_docs += [self.docs_seen] * len(doc)
+                self.docs_seen += 1
+            tokens = torch.tensor(self.buffer[:window])
+            doc_ids = torch.tensor(self.buffer_docs[: self.seq_len])
+            # Keep the window's last token: it is the first input of the next row.
+            self.buffer = self.buffer[self.seq_len :]
+            self.buffer_docs = self.buffer_docs[self.seq_len :]
+            doc_ids -= doc_ids[0].clone()
+            yield {
+                "input_ids": tokens[:-1],
+                "labels": tokens[1:],
+                "positions": segment_positions(doc_ids),
+                "document_ids": doc_ids,
+            }
+
+    def _padding(self) -> Iterator[dict[str, torch.Tensor]]:
+        window = self.seq_len + 1
+        for doc in self.source:
+            row = (doc + [self.eos_id])[:window]
+            n = len(row)  # real tokens; inputs 0..n-2 have real labels
+            tokens = torch.full((window,), self.pad_id, dtype=torch.long)
+            tokens[:n] = torch.tensor(row)
+            labels = tokens[1:].clone()
+            labels[n - 1 :] = IGNORE_INDEX  # by length, not value: pad_id may equal eos_id
+            doc_ids = torch.zeros(self.seq_len, dtype=torch.long)
+            doc_ids[n:] = 1  # inputs n.. are padding; input n-1 is the last real token
+            yield {
+                "input_ids": tokens[:-1],
+                "labels": labels,
+                "positions": segment_positions(doc_ids),
+                "document_ids": doc_ids,
+            }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source.state_dict(),
+            "buffer": list(self.buffer),
+            "buffer_docs": list(self.buffer_docs),
+            "docs_seen": self.docs_seen,
+            "dp": [self.dp_rank, self.dp_world_size],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if list(state["dp"]) != [self.dp_rank, self.dp_world_size]:
+            warnings.warn(
+                f"data loader state saved as dp rank/world {state['dp']} is loaded as "
+                f"{[self.dp_rank, self.dp_world_size]}: the data order will not resume exactly",
+                stacklevel=2,
+            )
+        self.source.load_state_dict(state["source"])
+        self.buffer, self.buffer_docs = list(state["buffer"]), list(state["buffer_docs"])
+        self.docs_seen = state["docs_seen"]

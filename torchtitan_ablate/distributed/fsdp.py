@@ -1,0 +1,84 @@
+"""FSDP2 (fully_shard) per block, then embeddings / head, then the root; HSDP on a 2-D mesh.
+
+The trainer's loss is a sum divided by the global valid-token count on every rank, so the
+gradients must be *summed* across data-parallel ranks: FSDP's default averaging is turned off.
+"""
+
+import logging
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+
+logger = logging.getLogger("torchtitan_ablate")
+
+
+def reshard_policy(mode: str, is_last_block: bool) -> bool:
+    """ "never" keeps gathered parameters until backward (ZeRO-2-like memory, no re-gather);
+    "default" skips resharding only the last block, whose backward starts right away."""
+    if mode == "always":
+        return True
+    if mode == "never":
+        return False
+    return not is_last_block
+
+
+def apply_fsdp(
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    *,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    reshard_after_forward: str,
+    cpu_offload: bool = False,
+    experts_mesh: DeviceMesh | None = None,
+) -> None:
+    """Shards model in place. experts_mesh: the ranks left after EP for routed experts."""
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    kwargs = dict(
+        mesh=dp_mesh,
+        mp_policy=mp,
+        offload_policy=CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
+    )
+    tied = model.output is not None and model.output.weight is model.tok_embeddings.weight
+    if not tied:
+        # With tied weights the shared table must live in one FSDP group: the root's.
+        fully_shard(model.tok_embeddings, reshard_after_forward=True, **kwargs)
+    blocks = list(model.layers.values())
+    for i, block in enumerate(blocks):
+        reshard = reshard_policy(reshard_after_forward, i == len(blocks) - 1)
+        moe = getattr(block, "moe", None)
+        if experts_mesh is not None and moe is not None:
+            # Experts are already split over ep; shard what is left over efsdp on their own
+            # mesh, so their gradients are reduced over exactly the ranks holding copies.
+            fully_shard(
+                moe.experts, **{**kwargs, "mesh": experts_mesh}, reshard_after_forward=reshard
+            )
+        fully_shard(block, reshard_after_forward=reshard, **kwargs)
+    if not tied:
+        fully_shard([model.norm, model.output], reshard_after_forward=False, **kwargs)
+    fully_shard(model, reshard_after_forward=False, **kwargs)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # Plain SUM collectives (also NCCL's zero-copy path); gloo has no PREMUL_SUM.
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+
+
+def describe_layout(dp_replicate: int, dp_shard: int) -> str:
+    if dp_shard == 1 and dp_replicate > 1:
+        return (
+            f"data parallel: replicate-only over {dp_replicate} ranks via FSDP2 on a "
+            f"(replicate={dp_replicate}, shard=1) mesh (DDP semantics: full parameters on "
+            "every rank, gradients all-reduced)"
+        )
+    if dp_replicate > 1:
+        return f"data parallel: HSDP, {dp_replicate} replicas x {dp_shard} shards"
+    return f"data parallel: FSDP over {dp_shard} ranks"

@@ -1,0 +1,87 @@
+"""Routed experts as 3-D weights, run over tokens already sorted by expert.
+
+`GroupedExperts.forward(x_sorted_RD, num_tokens_per_expert_E)` is the seam for expert parallel:
+dispatch (all-to-all) before it, combine after it. It picks one of two exact computations:
+`torch._grouped_mm` (one kernel for all experts; CUDA bf16) or a per-expert loop (CPU, tests).
+
+Shape legend: R routed rows (tokens x top_k, sorted by expert), D model dim, I expert hidden dim,
+E experts, P padded rows.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchtitan_ablate.models.common.init import trunc_normal_
+
+# Rows per expert group are padded to this multiple for the grouped GEMM: bf16 kernels need 8
+# (16 bytes), float8 kernels 16, so 16 serves both at a cost of < E * 16 zero rows.
+GROUP_ALIGN_ROWS = 16
+
+
+def use_grouped_mm(x_RD: torch.Tensor) -> bool:
+    """The one place that chooses grouped GEMM vs the per-expert loop."""
+    return hasattr(torch, "_grouped_mm") and x_RD.is_cuda and x_RD.dtype == torch.bfloat16
+
+
+class GroupedExperts(nn.Module):
+    """E SwiGLU experts: w1 (gate) [E, I, D], w3 (up) [E, I, D], w2 (down) [E, D, I]."""
+
+    def __init__(self, dim: int, hidden_dim: int, num_experts: int) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+        self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
+        self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+        # None = automatic (use_grouped_mm); tests force True/False to compare the two paths.
+        self.force_grouped_mm: bool | None = None
+
+    def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+        """x_RD: rows sorted by expert; num_tokens_per_expert_E: int counts summing to R."""
+        grouped = self.force_grouped_mm
+        if grouped is None:
+            grouped = use_grouped_mm(x_RD)
+        if grouped:
+            return _grouped_mm_experts(self.w1, self.w2, self.w3, x_RD, num_tokens_per_expert_E)
+        return _loop_experts(self.w1, self.w2, self.w3, x_RD, num_tokens_per_expert_E)
+
+    def init_weights(self, init_std: float) -> None:
+        trunc_normal_(self.w1, 0.02)
+        trunc_normal_(self.w2, init_std)
+        trunc_normal_(self.w3, init_std)
+
+
+def _loop_experts(w1_EID, w2_EDI, w3_EID, x_RD, num_tokens_per_expert_E) -> torch.Tensor:
+    # .tolist() syncs with the host; fine on CPU, and this path is not used on CUDA bf16.
+    out_RD = []
+    for e, x_rD in enumerate(torch.split(x_RD, num_tokens_per_expert_E.tolist(), dim=0)):
+        h_rI = F.silu(x_rD @ w1_EID[e].T) * (x_rD @ w3_EID[e].T)
+        out_RD.append(h_rI @ w2_EDI[e].T)
+    return torch.cat(out_RD, dim=0)
+
+
+def _grouped_mm_experts(w1_EID, w2_EDI, w3_EID, x_RD, num_tokens_per_expert_E) -> torch.Tensor:
+    dest_R, offs_E = _padded_layout(num_tokens_per_expert_E, x_RD.shape[0])
+    # Static padded size (R + E * (align - 1)), so no host sync; rows past offs[-1] are ignored
+    # by the kernel and never read back.
+    n_padded = x_RD.shape[0] + w1_EID.shape[0] * (GROUP_ALIGN_ROWS - 1)
+    x_PD = x_RD.new_zeros(n_padded, x_RD.shape[1]).index_copy(0, dest_R, x_RD)
+    gate_PI = torch._grouped_mm(x_PD, w1_EID.transpose(-2, -1), offs=offs_E)
+    up_PI = torch._grouped_mm(x_PD, w3_EID.transpose(-2, -1), offs=offs_E)
+    h_PI = F.silu(gate_PI) * up_PI
+    out_PD = torch._grouped_mm(h_PI, w2_EDI.transpose(-2, -1), offs=offs_E)
+    return out_PD.index_select(0, dest_R)
+
+
+def _padded_layout(
+    num_tokens_per_expert_E: torch.Tensor, n_rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Destination row of each sorted row in the padded buffer, and int32 cumulative offsets."""
+    counts_E = num_tokens_per_expert_E.to(torch.int64)
+    padded_E = (counts_E + GROUP_ALIGN_ROWS - 1) // GROUP_ALIGN_ROWS * GROUP_ALIGN_ROWS
+    ends_E = counts_E.cumsum(0)
+    padded_ends_E = padded_E.cumsum(0)
+    row_R = torch.arange(n_rows, device=counts_E.device)
+    expert_R = torch.searchsorted(ends_E, row_R, right=True)
+    shift_E = (padded_ends_E - padded_E) - (ends_E - counts_E)  # padded start - packed start
+    return row_R + shift_E[expert_R], padded_ends_E.to(torch.int32)

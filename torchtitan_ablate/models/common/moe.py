@@ -1,0 +1,125 @@
+"""Token-choice top-k MoE layer (Qwen3-MoE): router, sort by expert, experts, weighted combine.
+
+Exposed for the trainer and metrics: `aux_loss` (last forward's coefficient-scaled
+load-balancing loss, still in the graph; the trainer adds it to the loss, nothing else does),
+`tokens_per_expert` (float counts accumulated since the last reset) and, when enabled, the
+aux-loss-free `expert_bias` (DeepSeek-V3) that shifts expert *selection* only.
+
+Shape legend: B batch, S sequence, D model dim, T = B*S tokens, E experts, K top_k,
+R = T*K routed rows.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchtitan_ablate.models.common.experts import GroupedExperts
+from torchtitan_ablate.models.common.init import trunc_normal_
+
+
+class TopKRouter(nn.Module):
+    """Softmax over experts in float32, top-k, optional renormalisation of the k weights."""
+
+    def __init__(self, dim: int, num_experts: int, top_k: int, norm_topk_prob: bool) -> None:
+        super().__init__()
+        self.gate = nn.Linear(dim, num_experts, bias=False)
+        self.top_k = top_k
+        self.norm_topk_prob = norm_topk_prob
+
+    def forward(
+        self, x_TD: torch.Tensor, expert_bias_E: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Returns (probs_TE float32, weights_TK float32, experts_TK int64)."""
+        # Logits in float32 whatever the parameter dtype (bf16 under FSDP mixed precision):
+        # near-ties between experts decide routing.
+        logits_TE = F.linear(x_TD.float(), self.gate.weight.float())
+        probs_TE = logits_TE.softmax(dim=-1)
+        scores_TE = probs_TE if expert_bias_E is None else probs_TE + expert_bias_E
+        experts_TK = scores_TE.topk(self.top_k, dim=-1).indices
+        weights_TK = probs_TE.gather(1, experts_TK)  # the bias never reaches the weights
+        if self.norm_topk_prob:
+            weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
+        return probs_TE, weights_TK, experts_TK
+
+
+class MoE(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        num_experts: int,
+        top_k: int,
+        norm_topk_prob: bool = True,
+        aux_loss_coef: float = 0.0,
+        use_expert_bias: bool = False,
+    ) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.aux_loss_coef = aux_loss_coef
+        self.router = TopKRouter(dim, num_experts, top_k, norm_topk_prob)
+        self.experts = GroupedExperts(dim, hidden_dim, num_experts)
+        # Metric state, not model state: not saved in checkpoints.
+        self.register_buffer("tokens_per_expert", torch.zeros(num_experts), persistent=False)
+        # Learned (non-gradient) state when enabled, so checkpointed.
+        self.expert_bias: torch.Tensor | None
+        if use_expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(num_experts))
+        else:
+            self.expert_bias = None
+        self.aux_loss: torch.Tensor | None = None
+
+    def forward(self, x_BSD: torch.Tensor) -> torch.Tensor:
+        x_TD = x_BSD.reshape(-1, x_BSD.shape[-1])
+        probs_TE, weights_TK, experts_TK = self.router(x_TD, self.expert_bias)
+
+        # Count assignments with scatter_add (bincount would sync with the host on CUDA).
+        experts_R = experts_TK.flatten()
+        counts_E = torch.zeros(self.num_experts, dtype=torch.int64, device=x_TD.device)
+        counts_E.scatter_add_(0, experts_R, torch.ones_like(experts_R))
+        with torch.no_grad():
+            # Under full activation checkpointing the recompute counts twice; harmless, since the
+            # metrics (max/mean) and the bias update (sign of mean - load) are scale-free.
+            self.tokens_per_expert.add_(counts_E)
+        self.aux_loss = self._aux_loss(probs_TE, counts_E) if self.aux_loss_coef > 0 else None
+
+        # Sort rows by expert (stable, so rows of one expert keep token order), run, unsort.
+        order_R = experts_R.argsort(stable=True)
+        token_R = order_R // self.top_k
+        out_sorted_RD = self.experts(x_TD[token_R], counts_E)
+        out_RD = torch.empty_like(out_sorted_RD).index_copy(0, order_R, out_sorted_RD)
+        out_TKD = out_RD.view(-1, self.top_k, out_RD.shape[-1])
+        w_T1K = weights_TK.to(out_TKD.dtype).unsqueeze(1)
+        return torch.bmm(w_T1K, out_TKD).view_as(x_BSD)
+
+    def _aux_loss(self, probs_TE: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+        # Switch/Qwen3 load balancing, as HF's load_balancing_loss_func for one layer:
+        # E * sum_e f_e * P_e, f_e = assignments to e / tokens (sums to K), P_e = mean prob of e.
+        n_tokens = probs_TE.shape[0]
+        frac_E = counts_E.float() / n_tokens
+        mean_prob_E = probs_TE.mean(dim=0)
+        return self.aux_loss_coef * self.num_experts * (frac_E * mean_prob_E).sum()
+
+    @torch.no_grad()
+    def update_expert_bias(self, rate: float) -> None:
+        """bias += rate * sign(mean load - load), from counts accumulated since the last reset.
+
+        Counts are not reset here (the metrics read them too). With data parallelism the
+        counts must be summed over ranks first, or the ranks' biases drift apart.
+        """
+        if self.expert_bias is None:
+            raise ValueError(
+                "update_expert_bias needs the model built with moe_bias_update_rate > 0"
+            )
+        load_E = self.tokens_per_expert
+        self.expert_bias.add_(rate * torch.sign(load_E.mean() - load_E))
+
+    def reset_expert_load(self) -> None:
+        self.tokens_per_expert.zero_()
+
+    def init_weights(self, init_std: float) -> None:
+        trunc_normal_(self.router.gate.weight, 0.02)
+        self.experts.init_weights(init_std)
+        self.tokens_per_expert.zero_()
+        if self.expert_bias is not None:
+            self.expert_bias.zero_()
