@@ -30,6 +30,14 @@ LAYOUTS = {
     "hsdp2x2": (4, [P + "data_parallel_replicate_degree", "2"]),
     "fsdp2_ac_full": (2, ["--activation_checkpoint.mode", "full"]),
     "fsdp2_ac_selective_2": (2, ["--activation_checkpoint.mode", "selective"]),
+    "ep2": (2, [P + "expert_parallel_degree", "2"]),
+    "ep4": (4, [P + "expert_parallel_degree", "4"]),
+    "ep2_efsdp2": (4, [P + "expert_parallel_degree", "2"]),
+    "hsdp2x2_ep2": (
+        4,
+        [P + "data_parallel_replicate_degree", "2", P + "expert_parallel_degree", "2"],
+    ),
+    "ep2_ac_full": (2, [P + "expert_parallel_degree", "2", "--activation_checkpoint.mode", "full"]),
     "fsdp2_ac_selective_op": (
         2,
         [
@@ -46,6 +54,8 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layout_matches_single_process(tmp_path_factory, flavor, layout):
     world, args = LAYOUTS[layout]
+    if "expert_parallel_degree" in " ".join(args) and flavor != "debugmodel_moe":
+        pytest.skip("expert parallel needs a MoE model")
     ref = reference(flavor, str(tmp_path_factory.mktemp("ref")))
     out = run_distributed(
         train_layout,

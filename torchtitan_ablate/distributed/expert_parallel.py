@@ -103,6 +103,9 @@ class ExpertParallelExperts(GroupedExperts):
             w = getattr(self, name)
             # src_data_rank=None: every rank holds the global tensor, so slice without comms.
             full_w = getattr(full, name).data
+            if not isinstance(w, DTensor):  # init_weights_unsharded swapped in a full tensor
+                w.copy_(full_w)
+                continue
             w.copy_(distribute_tensor(full_w, w.device_mesh, w.placements, src_data_rank=None))
 
     def _local_experts(self, x_ND: torch.Tensor, counts_L: torch.Tensor) -> torch.Tensor:

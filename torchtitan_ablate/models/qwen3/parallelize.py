@@ -18,6 +18,7 @@ import torch.nn as nn
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.distributed.activation_checkpoint import apply_ac
 from torchtitan_ablate.distributed.compile import apply_compile
+from torchtitan_ablate.distributed.expert_parallel import apply_ep
 from torchtitan_ablate.distributed.fsdp import apply_fsdp, describe_layout
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 
@@ -48,7 +49,8 @@ def parallelize_qwen3(
         _not_yet("float8.enable = true")
 
     if pd.ep_enabled:
-        _not_yet(f"parallelism.expert_parallel_degree = {pd.ep}")
+        apply_ep(model, pd.mesh("ep"))
+        logger.info(f"expert parallel: experts split over {pd.ep} ranks, sharded over {pd.efsdp}")
 
     if pd.cp_enabled:
         _not_yet(f"parallelism.context_parallel_degree = {pd.cp}")
