@@ -30,21 +30,28 @@ GLOBAL_BATCH = 8
 
 class _GlobalBatchSlice:
     """Reads the global batch stream (as one rank would) and yields this dp rank's rows, so
-    every layout sees the union of exactly the same rows as the one-process reference."""
+    every layout sees the union of exactly the same rows as the one-process reference.
+
+    Its position is the trainer's step (skip that many global batches at iter()), so a
+    checkpoint taken at one world size resumes the same stream at another."""
 
     def __init__(self, loader, dp_rank: int, dp: int) -> None:
         self.loader, self.dp_rank, self.dp = loader, dp_rank, dp
+        self.batches_done = lambda: 0
 
     def __iter__(self):
-        for batch in self.loader:
+        skip = self.batches_done()
+        for i, batch in enumerate(self.loader):
+            if i < skip:
+                continue
             rows = GLOBAL_BATCH // self.dp
             yield {k: v[self.dp_rank * rows : (self.dp_rank + 1) * rows] for k, v in batch.items()}
 
     def state_dict(self):
-        return self.loader.state_dict()
+        return {}
 
     def load_state_dict(self, sd):
-        self.loader.load_state_dict(sd)
+        pass
 
 
 def _build_global_slicing_loader(**kw):
@@ -59,8 +66,7 @@ def train_layout(dump_folder: str, args: list[str]) -> dict:
     train.build_dataloader = _build_global_slicing_loader
     config = load_config(BASE + ["--job.dump_folder", dump_folder] + args)
     trainer = train.Trainer(config)
-    dp = trainer.parallel_dims.dp
-    config.training.local_batch_size = GLOBAL_BATCH // dp
+    trainer.dataloader.batches_done = lambda: trainer.step * trainer.grad_accum
     records = trainer.train()
     sd = get_model_state_dict(
         trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
