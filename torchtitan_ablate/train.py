@@ -24,6 +24,8 @@ from torchtitan_ablate.components.optimizer import build_optimizer
 from torchtitan_ablate.components.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError, JobConfig, run_main, write_config
 from torchtitan_ablate.distributed import utils as dist_utils
+from torchtitan_ablate.distributed.context_parallel import cp_shard_batch
+from torchtitan_ablate.distributed.float8 import float8_post_optimizer_step
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.models.qwen3 import Qwen3Model, Qwen3ModelArgs, qwen3_flavors
 from torchtitan_ablate.models.qwen3.parallelize import parallelize_qwen3
@@ -170,6 +172,8 @@ class Trainer:
         batches = []
         for _ in range(self.grad_accum):
             batch = next(data_iter)
+            if self.parallel_dims.cp_enabled:  # this rank's head and tail chunks
+                batch = cp_shard_batch(batch, self.parallel_dims.mesh("cp"))
             batches.append({k: v.to(self.device, non_blocking=True) for k, v in batch.items()})
         return batches, time.perf_counter() - start
 
@@ -197,6 +201,7 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = dist_utils.clip_grad_norm_(params, self.config.training.max_norm)
         self.optimizer.step()
+        float8_post_optimizer_step(self.model)
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
         if self.model_args.num_experts and self.model_args.moe_bias_update_rate > 0:
@@ -229,7 +234,8 @@ class Trainer:
             stop = self.step == config.training.exit_at_step or self._stop_requested_anywhere()
             self.checkpointer.save(self.step, force=self.step == last or stop)
             if stop and self.step < last:
-                logger.info(f"stopping at step {self.step} (checkpoint saved); resume to go on")
+                saved = "checkpoint saved" if config.checkpoint.enable else "checkpointing is off"
+                logger.info(f"stopping at step {self.step} ({saved})")
                 break
         gc.enable()
         self.metrics.close()

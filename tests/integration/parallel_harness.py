@@ -84,4 +84,6 @@ def assert_same_training(got: dict, ref: dict, loss_rtol: float = 1e-5, atol: fl
         assert abs(a - b) <= loss_rtol * abs(b), f"step {step}: loss {a} vs reference {b}"
     assert got["params"].keys() == ref["params"].keys()
     for k in ref["params"]:
-        torch.testing.assert_close(got["params"][k], ref["params"][k], atol=atol, rtol=0, msg=k)
+        torch.testing.assert_close(
+            got["params"][k], ref["params"][k], atol=atol, rtol=0, msg=lambda m, k=k: f"{k}: {m}"
+        )

@@ -30,6 +30,13 @@ LAYOUTS = {
     "hsdp2x2": (4, [P + "data_parallel_replicate_degree", "2"]),
     "fsdp2_ac_full": (2, ["--activation_checkpoint.mode", "full"]),
     "fsdp2_ac_selective_2": (2, ["--activation_checkpoint.mode", "selective"]),
+    "cp2": (2, [P + "context_parallel_degree", "2"]),
+    "cp2_fsdp2": (4, [P + "context_parallel_degree", "2"]),
+    "cp2_ac_selective_op": (
+        2,
+        [P + "context_parallel_degree", "2", "--activation_checkpoint.mode", "selective"]
+        + ["--activation_checkpoint.selective_ac_option", "op"],
+    ),
     "ep2": (2, [P + "expert_parallel_degree", "2"]),
     "ep4": (4, [P + "expert_parallel_degree", "4"]),
     "ep2_efsdp2": (4, [P + "expert_parallel_degree", "2"]),

@@ -31,6 +31,8 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
         self.q_norm = RMSNorm(args.head_dim, eps=args.norm_eps)
         self.k_norm = RMSNorm(args.head_dim, eps=args.norm_eps)
+        # The attention core; context parallel swaps in its all-gather version.
+        self.attention_fn = attention
 
     def forward(
         self, x_BSD: torch.Tensor, cos_BSK: torch.Tensor, sin_BSK: torch.Tensor, mask: AttentionMask
@@ -39,7 +41,7 @@ class Attention(nn.Module):
         k_BSJK = self.k_norm(self.wk(x_BSD).unflatten(-1, (self.n_kv_heads, self.head_dim)))
         v_BSJK = self.wv(x_BSD).unflatten(-1, (self.n_kv_heads, self.head_dim))
         q_BSHK, k_BSJK = apply_rope(q_BSHK, cos_BSK, sin_BSK), apply_rope(k_BSJK, cos_BSK, sin_BSK)
-        out_BSHK = attention(q_BSHK, k_BSJK, v_BSJK, mask)
+        out_BSHK = self.attention_fn(q_BSHK, k_BSJK, v_BSJK, mask)
         return self.wo(out_BSHK.flatten(-2))
 
     def init_weights(self, init_std: float) -> None:
@@ -105,6 +107,9 @@ class Qwen3Model(nn.Module):
         cos_SK, sin_SK = rope_cos_sin(args.head_dim, args.max_seq_len, args.rope_theta)
         self.register_buffer("rope_cos", cos_SK, persistent=False)
         self.register_buffer("rope_sin", sin_SK, persistent=False)
+        # Builds the per-forward mask the attention_fn of every layer reads; context parallel
+        # swaps in one that masks this rank's queries against the whole sequence.
+        self.build_mask = build_attention_mask
 
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
@@ -144,7 +149,7 @@ class Qwen3Model(nn.Module):
         if positions_BS is None:
             positions_BS = torch.arange(seq_len, device=tokens_BS.device).expand(batch, seq_len)
         cos_BSK, sin_BSK = self.rope_cos[positions_BS], self.rope_sin[positions_BS]
-        mask = build_attention_mask(
+        mask = self.build_mask(
             self.args.attn_backend, document_ids_BS, batch, seq_len, tokens_BS.device
         )
         h_BSD = self.tok_embeddings(tokens_BS)

@@ -18,19 +18,13 @@ import torch.nn as nn
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.distributed.activation_checkpoint import apply_ac
 from torchtitan_ablate.distributed.compile import apply_compile
+from torchtitan_ablate.distributed.context_parallel import apply_cp
 from torchtitan_ablate.distributed.expert_parallel import apply_ep
+from torchtitan_ablate.distributed.float8 import apply_float8
 from torchtitan_ablate.distributed.fsdp import apply_fsdp, describe_layout
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 
 logger = logging.getLogger("torchtitan_ablate")
-
-
-class NotYetSupportedError(ValueError):
-    """A technique whose code has not landed yet; rejected up front instead of ignored."""
-
-
-def _not_yet(what: str) -> None:
-    raise NotYetSupportedError(f"{what} is not implemented yet (see the parallelism issue)")
 
 
 def param_dtype(job_config: JobConfig, device_type: str) -> torch.dtype:
@@ -45,15 +39,20 @@ def parallelize_qwen3(
     model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig, device_type: str
 ) -> nn.Module:
     pd = parallel_dims
+    dtype = param_dtype(job_config, device_type)
+    # FSDP2 also on one GPU: its MixedPrecisionPolicy gives bf16 compute over fp32 weights.
+    use_fsdp = pd.dp > 1 or pd.cp > 1 or dtype != torch.float32
+
     if job_config.float8.enable:
-        _not_yet("float8.enable = true")
+        apply_float8(model, job_config.float8, device_type, fsdp_enabled=use_fsdp)
 
     if pd.ep_enabled:
         apply_ep(model, pd.mesh("ep"))
         logger.info(f"expert parallel: experts split over {pd.ep} ranks, sharded over {pd.efsdp}")
 
     if pd.cp_enabled:
-        _not_yet(f"parallelism.context_parallel_degree = {pd.cp}")
+        apply_cp(model, pd.mesh("cp"))
+        logger.info(f"context parallel: sequence split over {pd.cp} ranks (head-tail chunks)")
 
     ac = job_config.activation_checkpoint
     if ac.mode != "none":
@@ -65,9 +64,7 @@ def parallelize_qwen3(
         apply_compile(model, fullgraph=not model.args.num_experts)
         logger.info("torch.compile per transformer block")
 
-    # FSDP2 also on one GPU: its MixedPrecisionPolicy gives bf16 compute over fp32 weights.
-    dtype = param_dtype(job_config, device_type)
-    if pd.dp > 1 or pd.cp > 1 or dtype != torch.float32:
+    if use_fsdp:
         p = job_config.parallelism
         apply_fsdp(
             model,
