@@ -6,7 +6,7 @@ out=${1:-outputs/issue3}
 common=(--job.config_file train_configs/qwen3_1.7b.toml --training.steps 20 --metrics.log_freq 2
         --training.dataset text --training.dataset_path assets/data/debug_corpus.jsonl
         --training.local_batch_size 2 --lr_scheduler.warmup_steps 5)
-run() { name=$1; shift; NGPU=1 timeout 300 ./run_train.sh "${common[@]}" --job.dump_folder "$out/$name" "$@" \
+run() { name=$1; shift; NGPU=1 timeout 150 ./run_train.sh "${common[@]}" --job.dump_folder "$out/$name" "$@" \
           > "$out/$name.log" 2>&1 || echo "$name failed: $(grep -m1 -E 'Error|error' "$out/$name.log")"; }
 mkdir -p "$out"
 run bf16_eager
