@@ -27,7 +27,10 @@ def summarize(folder: Path) -> dict:
 
 
 def main(folders: list[str]) -> None:
-    print("| run | steps | loss first -> last | tokens/s/GPU | TFLOP/s | MFU % | active / reserved GiB |")
+    print(
+        "| run | steps | loss first -> last | tokens/s/GPU | TFLOP/s | MFU % "
+        "| active / reserved GiB |"
+    )
     print("|---|---|---|---|---|---|---|")
     for f in folders:
         path = Path(f)

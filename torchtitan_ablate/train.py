@@ -78,6 +78,73 @@ def num_microbatches(config: JobConfig, dp: int) -> int:
     return t.global_batch_size // per_micro
 
 
+def build_model(
+    config: JobConfig, parallel_dims: ParallelDims, model_args: Qwen3ModelArgs, device: torch.device
+) -> Qwen3Model:
+    """The one model-building path (training, estimation, tests): meta build, parallelize,
+    materialize on `device`, initialize."""
+    with torch.device("meta"):
+        model = Qwen3Model(model_args)
+    model = parallelize_qwen3(model, parallel_dims, config, device.type)
+    model.to_empty(device=device)
+    if device.type == "cpu" and parallel_dims.world_size > 1:
+        dist_utils.init_weights_unsharded(model, device)
+    else:
+        with torch.no_grad():
+            model.init_weights(buffer_device=device)
+    model.train()
+    return model
+
+
+def train_step(
+    model: Qwen3Model,
+    optimizer: torch.optim.Optimizer,
+    lr_scheduler: torch.optim.lr_scheduler.LRScheduler,
+    parallel_dims: ParallelDims,
+    batches: list[dict],
+    max_norm: float,
+) -> dict:
+    """One optimizer step over this rank's micro-batches (shared with the memory estimator)."""
+    pd = parallel_dims
+    loss_group = pd.mesh("dp_cp").get_group() if pd.dp * pd.cp > 1 else None
+    device = batches[0]["input_ids"].device
+    # The loss is a sum over tokens divided by the global valid-token count, so every
+    # micro-batch and rank weighs tokens equally whatever the layout.
+    global_tokens = sum(num_valid_tokens(b["labels"]) for b in batches)
+    global_tokens = dist_utils.all_reduce_sum(global_tokens.float(), loss_group)
+    # Gradients are summed over dp*cp ranks, so the per-rank aux losses are averaged here.
+    aux_scale = 1.0 / (len(batches) * pd.dp * pd.cp)
+    ce_total = torch.zeros((), device=device)
+    aux_total = torch.zeros((), device=device)
+    load_before = model.expert_load()
+    load_before = None if load_before is None else load_before.clone()
+    for batch in batches:
+        logits_BSV = model(batch["input_ids"], batch["positions"], batch["document_ids"])
+        ce = cross_entropy_sum(logits_BSV, batch["labels"]) / global_tokens
+        loss = ce
+        aux = model.moe_aux_loss()
+        if aux is not None:
+            loss = loss + aux * aux_scale
+            aux_total += aux.detach() * aux_scale
+        del logits_BSV
+        loss.backward()
+        ce_total += ce.detach()
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad_norm = dist_utils.clip_grad_norm_(params, max_norm)
+    optimizer.step()
+    float8_post_optimizer_step(model)
+    optimizer.zero_grad(set_to_none=True)
+    lr_scheduler.step()
+    if model.args.num_experts and model.args.moe_bias_update_rate > 0:
+        # This step's global expert load, so every rank moves its bias the same way.
+        step_load = dist_utils.all_reduce_sum(model.expert_load() - load_before, loss_group)
+        model.update_expert_bias(step_load)
+    out = {"loss": ce_total, "grad_norm": grad_norm}
+    if model.args.num_experts:
+        out["moe_aux_loss"] = aux_total
+    return out
+
+
 class Trainer:
     def __init__(self, config: JobConfig) -> None:
         self.config = config
@@ -122,17 +189,7 @@ class Trainer:
         )
 
         # 2. Model: meta build, parallelize, materialize, initialize.
-        with torch.device("meta"):
-            model = Qwen3Model(self.model_args)
-        model = parallelize_qwen3(model, pd, config, self.device.type)
-        model.to_empty(device=self.device)
-        if self.device.type == "cpu" and world_size > 1:
-            dist_utils.init_weights_unsharded(model, self.device)
-        else:
-            with torch.no_grad():
-                model.init_weights(buffer_device=self.device)
-        model.train()
-        self.model = model
+        self.model = model = build_model(config, pd, self.model_args, self.device)
 
         # 3. Optimizer, schedule, checkpoint, metrics.
         self.optimizer = build_optimizer([model], config.optimizer, self.device.type)
@@ -178,38 +235,14 @@ class Trainer:
         return batches, time.perf_counter() - start
 
     def train_step(self, batches: list[dict]) -> dict:
-        pd = self.parallel_dims
-        loss_group = pd.mesh("dp_cp").get_group() if pd.dp * pd.cp > 1 else None
-        # The loss is a sum over tokens divided by the global valid-token count, so every
-        # micro-batch and rank weighs tokens equally whatever the layout.
-        global_tokens = sum(num_valid_tokens(b["labels"]) for b in batches)
-        global_tokens = dist_utils.all_reduce_sum(global_tokens.float(), loss_group)
-        aux_scale = 1.0 / (len(batches) * pd.dp * pd.cp)
-        ce_total = torch.zeros((), device=self.device)
-        aux_total = torch.zeros((), device=self.device)
-        for batch in batches:
-            logits_BSV = self.model(batch["input_ids"], batch["positions"], batch["document_ids"])
-            ce = cross_entropy_sum(logits_BSV, batch["labels"]) / global_tokens
-            loss = ce
-            aux = self.model.moe_aux_loss()
-            if aux is not None:
-                loss = loss + aux * aux_scale
-                aux_total += aux.detach() * aux_scale
-            del logits_BSV
-            loss.backward()
-            ce_total += ce.detach()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = dist_utils.clip_grad_norm_(params, self.config.training.max_norm)
-        self.optimizer.step()
-        float8_post_optimizer_step(self.model)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.lr_scheduler.step()
-        if self.model_args.num_experts and self.model_args.moe_bias_update_rate > 0:
-            self.model.update_expert_bias()
-        out = {"loss": ce_total, "grad_norm": grad_norm}
-        if self.model_args.num_experts:
-            out["moe_aux_loss"] = aux_total
-        return out
+        return train_step(
+            self.model,
+            self.optimizer,
+            self.lr_scheduler,
+            self.parallel_dims,
+            batches,
+            self.config.training.max_norm,
+        )
 
     def train(self) -> list[dict]:
         config = self.config

@@ -73,3 +73,15 @@ def test_layout_matches_single_process(tmp_path_factory, flavor, layout):
     got = dict(out[0])
     assert all(o["losses"] == out[0]["losses"] for o in out)  # every rank logs the same loss
     assert_same_training(got, ref)
+
+
+def test_expert_bias_balancing_matches_single_process(tmp_path):
+    """Aux-loss-free balancing uses each step's load summed over ranks, so EP 2 x FSDP and one
+    process move the expert bias (and everything else) identically."""
+    args = ["--model.flavor", "debugmodel_moe", "--model.moe_bias_update_rate", "1e-2"] + EXTRA
+    ref = run_distributed(train_layout, 1, str(tmp_path / "ref"), args)[0]
+    ep = [P + "expert_parallel_degree", "2"]
+    got = run_distributed(train_layout, 4, str(tmp_path / "ep"), args + ep)[0]
+    bias = ref["params"]["layers.0.moe.expert_bias"]
+    assert bias.abs().sum() > 0  # the bias moved
+    assert_same_training(got, ref)  # compares the bias buffers too

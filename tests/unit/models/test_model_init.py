@@ -58,7 +58,7 @@ def test_moe_hooks() -> None:
     assert aux.requires_grad and aux.item() > 0
     load = model.expert_load()
     assert load.shape == (2, 8) and load.sum().item() == 2 * 2 * 16 * 2
-    model.update_expert_bias()
+    model.update_expert_bias(load)
     bias = model.layers["0"].moe.expert_bias
     assert bias.abs().sum() > 0 and "layers.0.moe.expert_bias" in model.state_dict()
     model.reset_expert_load()

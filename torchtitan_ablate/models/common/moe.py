@@ -101,17 +101,16 @@ class MoE(nn.Module):
         return self.aux_loss_coef * self.num_experts * (frac_E * mean_prob_E).sum()
 
     @torch.no_grad()
-    def update_expert_bias(self, rate: float) -> None:
-        """bias += rate * sign(mean load - load), from counts accumulated since the last reset.
-
-        Counts are not reset here (the metrics read them too). With data parallelism the
-        counts must be summed over ranks first, or the ranks' biases drift apart.
+    def update_expert_bias(self, rate: float, load_E: torch.Tensor | None = None) -> None:
+        """bias += rate * sign(mean load - load); load_E defaults to the counts accumulated
+        since the last reset. With data parallelism pass counts summed over ranks, or the
+        ranks' biases drift apart. Counts are not reset here (the metrics read them too).
         """
         if self.expert_bias is None:
             raise ValueError(
                 "update_expert_bias needs the model built with moe_bias_update_rate > 0"
             )
-        load_E = self.tokens_per_expert
+        load_E = self.tokens_per_expert if load_E is None else load_E
         self.expert_bias.add_(rate * torch.sign(load_E.mean() - load_E))
 
     def reset_expert_load(self) -> None:

@@ -186,8 +186,8 @@ class Qwen3Model(nn.Module):
         for moe in self.moe_layers():
             moe.reset_expert_load()
 
-    def update_expert_bias(self) -> None:
-        """Aux-loss-free balancing step on every MoE layer (no-op when the rate is 0)."""
-        if self.args.moe_bias_update_rate > 0:
-            for moe in self.moe_layers():
-                moe.update_expert_bias(self.args.moe_bias_update_rate)
+    def update_expert_bias(self, load_LE: torch.Tensor) -> None:
+        """Aux-loss-free balancing step on every MoE layer from their expert loads [L, E] (sum
+        them over data-parallel ranks first, or the ranks' biases drift apart)."""
+        for moe, load_E in zip(self.moe_layers(), load_LE):
+            moe.update_expert_bias(self.args.moe_bias_update_rate, load_E)
