@@ -240,6 +240,10 @@ class Metrics:
     peak_tflops: float = -1.0
     """Device peak bf16 TFLOP/s for MFU; -1 = look the device up (H100/H200 989, A100 312)."""
 
+    comm_profile: bool = False
+    """Profile a short window of steps with torch.profiler and log the time shares of
+    collectives, compute and data loading (communication / CPU overhead)."""
+
 
 @dataclass
 class Profiling:
