@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -96,6 +96,13 @@ def build_model(
     return model
 
 
+def build_loss_fn(config: JobConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The loss, compiled when asked: fuses the fp32 upcast, log-softmax and gather."""
+    if config.compile.enable and "loss" in config.compile.components:
+        return torch.compile(cross_entropy_sum)
+    return cross_entropy_sum
+
+
 def train_step(
     model: Qwen3Model,
     optimizer: torch.optim.Optimizer,
@@ -103,6 +110,7 @@ def train_step(
     parallel_dims: ParallelDims,
     batches: list[dict],
     max_norm: float,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_sum,
 ) -> dict:
     """One optimizer step over this rank's micro-batches (shared with the memory estimator)."""
     pd = parallel_dims
@@ -120,7 +128,7 @@ def train_step(
     load_before = None if load_before is None else load_before.clone()
     for batch in batches:
         logits_BSV = model(batch["input_ids"], batch["positions"], batch["document_ids"])
-        ce = cross_entropy_sum(logits_BSV, batch["labels"]) / global_tokens
+        ce = loss_fn(logits_BSV, batch["labels"]) / global_tokens
         loss = ce
         aux = model.moe_aux_loss()
         if aux is not None:
@@ -190,6 +198,7 @@ class Trainer:
 
         # 2. Model: meta build, parallelize, materialize, initialize.
         self.model = model = build_model(config, pd, self.model_args, self.device)
+        self.loss_fn = build_loss_fn(config)
 
         # 3. Optimizer, schedule, checkpoint, metrics.
         self.optimizer = build_optimizer([model], config.optimizer, self.device.type)
@@ -234,7 +243,14 @@ class Trainer:
             batches.append({k: v.to(self.device, non_blocking=True) for k, v in batch.items()})
         return batches, time.perf_counter() - start
 
-    def train_step(self, batches: list[dict]) -> dict:
+    def build_loss_fn(config: JobConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The loss, compiled when asked: fuses the fp32 upcast, log-softmax and gather."""
+    if config.compile.enable and "loss" in config.compile.components:
+        return torch.compile(cross_entropy_sum)
+    return cross_entropy_sum
+
+
+def train_step(self, batches: list[dict]) -> dict:
         return train_step(
             self.model,
             self.optimizer,
@@ -242,6 +258,7 @@ class Trainer:
             self.parallel_dims,
             batches,
             self.config.training.max_norm,
+            self.loss_fn,
         )
 
     def train(self) -> list[dict]:
