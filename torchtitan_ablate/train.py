@@ -243,14 +243,7 @@ class Trainer:
             batches.append({k: v.to(self.device, non_blocking=True) for k, v in batch.items()})
         return batches, time.perf_counter() - start
 
-    def build_loss_fn(config: JobConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The loss, compiled when asked: fuses the fp32 upcast, log-softmax and gather."""
-    if config.compile.enable and "loss" in config.compile.components:
-        return torch.compile(cross_entropy_sum)
-    return cross_entropy_sum
-
-
-def train_step(self, batches: list[dict]) -> dict:
+    def train_step(self, batches: list[dict]) -> dict:
         return train_step(
             self.model,
             self.optimizer,
