@@ -11,6 +11,7 @@ from tests.integration.parallel_harness import assert_same_training, train_layou
 pytestmark = pytest.mark.slow
 
 P = "--parallelism."
+AC = "--activation_checkpoint.mode"
 # The MoE aux loss is computed per rank and micro-batch (as HF and Megatron do by default), so
 # it legitimately differs between layouts; everything else must match.
 EXTRA = ["--model.moe_aux_loss_coef", "0"]
@@ -37,6 +38,8 @@ LAYOUTS = {
         [P + "context_parallel_degree", "2", "--activation_checkpoint.mode", "selective"]
         + ["--activation_checkpoint.selective_ac_option", "op"],
     ),
+    "hsdp2x2_ac_full": (4, [P + "data_parallel_replicate_degree", "2", AC, "full"]),
+    "ep2_ac_selective_2": (2, [P + "expert_parallel_degree", "2", AC, "selective"]),
     "ep2": (2, [P + "expert_parallel_degree", "2"]),
     "ep4": (4, [P + "expert_parallel_degree", "4"]),
     "ep2_efsdp2": (4, [P + "expert_parallel_degree", "2"]),

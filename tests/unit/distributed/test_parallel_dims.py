@@ -57,6 +57,7 @@ def _start(args):
             None,
         ),
         (["--parallelism.expert_parallel_degree", "2"], "dense models need"),
+        (["--parallelism.fsdp_cpu_offload", "true"], "needs CUDA devices"),
         (
             ["--parallelism.context_parallel_degree", "2", "--training.seq_len", "66"],
             "divisible by 2 * context_parallel_degree = 4",
