@@ -40,6 +40,7 @@ LAYOUTS = {
     ),
     "hsdp2x2_ac_full": (4, [P + "data_parallel_replicate_degree", "2", AC, "full"]),
     "ep2_ac_selective_2": (2, [P + "expert_parallel_degree", "2", AC, "selective"]),
+    "fsdp2_chunked_loss": (2, ["--training.loss_chunk_size", "100"]),
     "ep2": (2, [P + "expert_parallel_degree", "2"]),
     "ep4": (4, [P + "expert_parallel_degree", "4"]),
     "ep2_efsdp2": (4, [P + "expert_parallel_degree", "2"]),

@@ -15,6 +15,7 @@ from torchtitan_ablate.models.common.feed_forward import FeedForward
 from torchtitan_ablate.models.common.init import trunc_normal_
 from torchtitan_ablate.models.common.moe import MoE
 from torchtitan_ablate.models.common.norms import RMSNorm
+from torchtitan_ablate.models.common.output_head import OutputHead
 from torchtitan_ablate.models.common.rope import apply_rope, rope_cos_sin
 from torchtitan_ablate.models.qwen3.args import Qwen3ModelArgs
 
@@ -100,7 +101,7 @@ class Qwen3Model(nn.Module):
             {str(i): TransformerBlock(i, args) for i in range(args.n_layers)}
         )
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.output = OutputHead(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         # Non-persistent: recomputed by init_weights (after to_empty), never checkpointed.
@@ -162,10 +163,17 @@ class Qwen3Model(nn.Module):
         tokens_BS: torch.Tensor,
         positions_BS: torch.Tensor | None = None,
         document_ids_BS: torch.Tensor | None = None,
+        labels_BS: torch.Tensor | None = None,
+        loss_chunk_size: int = 0,
     ) -> torch.Tensor:
         """Logits [B, S, V]. document_ids_BS: attend only within a document (packed rows);
-        positions_BS then restart per document (the data loader supplies them)."""
-        return self.output(self.forward_hidden(tokens_BS, positions_BS, document_ids_BS))
+        positions_BS then restart per document (the data loader supplies them).
+        With labels_BS: instead the float32 cross-entropy sum over labels != -100, computed
+        loss_chunk_size tokens at a time without the whole batch's logits."""
+        h_BSD = self.forward_hidden(tokens_BS, positions_BS, document_ids_BS)
+        if labels_BS is None:
+            return self.output(h_BSD)
+        return self.output(h_BSD, labels_BS, loss_chunk_size)
 
     # ---- MoE hooks for the trainer and metrics ---------------------------------------------------
 
