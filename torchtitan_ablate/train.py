@@ -111,6 +111,7 @@ def train_step(
     batches: list[dict],
     max_norm: float,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_sum,
+    loss_chunk_size: int = 0,
 ) -> dict:
     """One optimizer step over this rank's micro-batches (shared with the memory estimator)."""
     pd = parallel_dims
@@ -127,14 +128,17 @@ def train_step(
     load_before = model.expert_load()
     load_before = None if load_before is None else load_before.clone()
     for batch in batches:
-        logits_BSV = model(batch["input_ids"], batch["positions"], batch["document_ids"])
-        ce = loss_fn(logits_BSV, batch["labels"]) / global_tokens
+        inputs = (batch["input_ids"], batch["positions"], batch["document_ids"])
+        if loss_chunk_size > 0:  # the output head returns the loss sum, no full logits
+            ce_sum = model(*inputs, labels_BS=batch["labels"], loss_chunk_size=loss_chunk_size)
+        else:
+            ce_sum = loss_fn(model(*inputs), batch["labels"])
+        ce = ce_sum / global_tokens
         loss = ce
         aux = model.moe_aux_loss()
         if aux is not None:
             loss = loss + aux * aux_scale
             aux_total += aux.detach() * aux_scale
-        del logits_BSV
         loss.backward()
         ce_total += ce.detach()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -252,6 +256,7 @@ class Trainer:
             batches,
             self.config.training.max_norm,
             self.loss_fn,
+            self.config.training.loss_chunk_size,
         )
 
     def train(self) -> list[dict]:

@@ -76,6 +76,10 @@ class Training:
     max_norm: float = 1.0
     """Gradient clipping by global L2 norm (0 = off)."""
 
+    loss_chunk_size: int = 0
+    """Tokens per chunk of the fused output-projection + cross-entropy (no [B, S, V] logits
+    for the whole batch; same value and gradients). 0 = plain loss on full logits."""
+
     mixed_precision_param: Literal["bfloat16", "float32"] = "bfloat16"
     """Parameter/compute dtype on GPU. CPU runs use float32 unless cpu_mixed_precision."""
 
