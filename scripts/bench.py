@@ -1,0 +1,142 @@
+"""Throughput benchmark: N timed training steps after warm-up, one table row per model.
+
+    python scripts/bench.py --job.config_file train_configs/qwen3_0.6b.toml [--section.key v ...]
+        [--steps 10] [--warmup 3] [--peer hf] [--peer-compile]
+
+Times the engine's own train step (same build path as training) and, with --peer hf,
+Hugging Face transformers' model of the same shape in the same process and the same way
+(bf16 autocast over fp32 weights, AdamW, SDPA, same batches), then prints the ratio.
+Results also go to <job.dump_folder>/bench.json. Run one process per GPU (NGPU=1 here).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from torchtitan_ablate import train  # noqa: E402
+from torchtitan_ablate.components.metrics import device_peak_tflops  # noqa: E402
+from torchtitan_ablate.config import JobConfig, exit_on_config_error, load_config  # noqa: E402
+from torchtitan_ablate.distributed import utils as dist_utils  # noqa: E402
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_steps(step_fn, batches, warmup: int, steps: int, device: torch.device) -> dict:
+    for i in range(warmup):
+        step_fn(batches[i % len(batches)])
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    for i in range(steps):
+        step_fn(batches[i % len(batches)])
+    _sync(device)
+    elapsed = time.perf_counter() - start
+    out = {"step_time_s": elapsed / steps}
+    if device.type == "cuda":
+        out["memory_max_active_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        out["memory_max_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+    return out
+
+
+def bench_engine(config: JobConfig, warmup: int, steps: int) -> tuple[dict, list]:
+    trainer = train.Trainer(config)
+    data_iter = iter(trainer.dataloader)
+    batches = [trainer.next_batches(data_iter)[0] for _ in range(min(4, warmup + steps))]
+    result = _time_steps(trainer.train_step, batches, warmup, steps, trainer.device)
+    tokens = sum(b["input_ids"].numel() for b in batches[0])
+    result.update(name="torchtitan_ablate", tokens_per_step=tokens)
+    return result, batches
+
+
+def bench_hf(config: JobConfig, batches: list, warmup: int, steps: int, compile_: bool) -> dict:
+    """transformers' Qwen3 of the same shape: bf16 autocast, fp32 weights, AdamW, SDPA."""
+    import transformers
+
+    model_args = train.build_model_args(config)
+    hf_config = model_args.to_hf_config()
+    device = batches[0][0]["input_ids"].device
+    moe = model_args.num_experts > 0
+    cls_name = "Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"
+    cfg_cls = transformers.Qwen3MoeConfig if moe else transformers.Qwen3Config
+    hf_cfg = cfg_cls(**hf_config)
+    hf_cfg._attn_implementation = "sdpa"
+    torch.manual_seed(config.training.seed)
+    model = getattr(transformers, cls_name)(hf_cfg).to(device)
+    model.train()
+    forward = torch.compile(model) if compile_ else model
+    opt = torch.optim.AdamW(model.parameters(), lr=config.optimizer.lr, fused=device.type == "cuda")
+    autocast = device.type == "cuda" or config.training.cpu_mixed_precision
+
+    def step(micro_batches: list[dict]) -> None:
+        for b in micro_batches:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                out = forward(input_ids=b["input_ids"], labels=b["input_ids"])
+            out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.training.max_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    result = _time_steps(step, batches, warmup, steps, device)
+    tokens = sum(b["input_ids"].numel() for b in batches[0])
+    result.update(name=f"hf_{cls_name}" + ("_compiled" if compile_ else ""), tokens_per_step=tokens)
+    return result
+
+
+def _row(r: dict, flops_per_token: float, peak: float | None) -> dict:
+    tps = r["tokens_per_step"] / r["step_time_s"]
+    tflops = tps * flops_per_token / 1e12
+    return {**r, "tps": tps, "tflops": tflops, "mfu": 100 * tflops / peak if peak else 0.0}
+
+
+def main(argv: list[str]) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--peer", choices=["hf"], default=None)
+    parser.add_argument("--peer-compile", action="store_true")
+    args, rest = parser.parse_known_args(argv)
+    with exit_on_config_error():
+        config = load_config(rest)
+        engine, batches = bench_engine(config, args.warmup, args.steps)
+    device = batches[0][0]["input_ids"].device
+    flops = train.build_model_args(config).num_flops_per_token(config.training.seq_len)
+    peak = device_peak_tflops(device, config.metrics.peak_tflops)
+    rows = [_row(engine, flops, peak)]
+    if args.peer == "hf":
+        hf = bench_hf(config, batches, args.warmup, args.steps, args.peer_compile)
+        rows.append(_row(hf, flops, peak))
+        rows[-1]["engine_speedup"] = rows[0]["tps"] / rows[-1]["tps"]
+    print("| model | tokens/s/GPU | TFLOP/s | MFU % | step s | active / reserved GiB |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        mem = (
+            f"{r['memory_max_active_gib']:.1f} / {r['memory_max_reserved_gib']:.1f}"
+            if "memory_max_active_gib" in r
+            else "n/a (cpu)"
+        )
+        print(
+            f"| {r['name']} | {r['tps']:,.0f} | {r['tflops']:.1f} | {r['mfu']:.1f} | "
+            f"{r['step_time_s']:.3f} | {mem} |"
+        )
+    if args.peer:
+        print(f"engine / {rows[-1]['name']}: {rows[-1]['engine_speedup']:.2f}x tokens/s")
+    if torch.distributed.get_rank() == 0:
+        os.makedirs(config.job.dump_folder, exist_ok=True)
+        with open(os.path.join(config.job.dump_folder, "bench.json"), "w") as f:
+            json.dump({"config": config.job.config_file, "rows": rows}, f, indent=1)
+    dist_utils.destroy_distributed()
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
