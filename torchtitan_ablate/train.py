@@ -47,8 +47,15 @@ def build_model_args(config: JobConfig) -> Qwen3ModelArgs:
         overrides["moe_bias_update_rate"] = m.moe_bias_update_rate
     if m.vocab_size > 0:
         overrides["vocab_size"] = m.vocab_size
+    if m.n_layers > 0:
+        overrides["n_layers"] = m.n_layers
+    if m.num_experts > 0:
+        overrides["num_experts"] = m.num_experts
     overrides["max_seq_len"] = max(qwen3_flavors[m.flavor].max_seq_len, config.training.seq_len)
-    return dataclasses.replace(qwen3_flavors[m.flavor], **overrides)
+    try:
+        return dataclasses.replace(qwen3_flavors[m.flavor], **overrides)
+    except ValueError as e:  # e.g. num_experts on a dense flavor
+        raise ConfigError(f"model.flavor = {m.flavor!r} with these overrides: {e}") from None
 
 
 def build_parallel_dims(config: JobConfig, world_size: int) -> ParallelDims:

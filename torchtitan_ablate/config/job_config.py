@@ -46,6 +46,13 @@ class Model:
     vocab_size: int = -1
     """Override the flavor's vocabulary size (-1 keeps it); must cover the tokenizer."""
 
+    n_layers: int = -1
+    """Override the flavor's number of transformer blocks (-1 keeps it), e.g. to fit a large
+    flavor's layer shapes on one GPU."""
+
+    num_experts: int = -1
+    """Override the number of routed experts of a MoE flavor (-1 keeps it; top-k is kept)."""
+
 
 @dataclass
 class Training:
