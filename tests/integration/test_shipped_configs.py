@@ -25,6 +25,7 @@ def debug_overrides(path: Path) -> tuple[int, list[str]]:
     par = toml.get("parallelism", {})
     moe = "A" in toml["model"]["flavor"] or "moe" in toml["model"]["flavor"]
     args = ["--model.flavor", "debugmodel_moe" if moe else "debugmodel"]
+    args += ["--model.n_layers", "-1", "--model.num_experts", "-1"]
     args += ["--training.seq_len", "64", "--training.local_batch_size", "2"]
     args += ["--training.steps", "3", "--lr_scheduler.warmup_steps", "1", "--metrics.log_freq", "1"]
     args += ["--compile.enable", "false", "--float8.enable", "false"]
