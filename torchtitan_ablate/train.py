@@ -21,6 +21,7 @@ from torchtitan_ablate.components.loss import cross_entropy_sum, num_valid_token
 from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler
 from torchtitan_ablate.components.metrics import MetricsLogger
 from torchtitan_ablate.components.optimizer import build_optimizer
+from torchtitan_ablate.components.profiling import CommProfiler
 from torchtitan_ablate.components.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError, JobConfig, run_main, write_config
 from torchtitan_ablate.distributed import utils as dist_utils
@@ -235,6 +236,9 @@ class Trainer:
             self.model_args.num_flops_per_token(config.training.seq_len),
             self.is_writer,
         )
+        self.comm_profiler = CommProfiler(
+            config.metrics, config.job.dump_folder, self.device, self.is_writer, config.training.steps
+        )
         self.step = 0
         self.stop_requested = False
         n_params = sum(p.numel() for p in model.parameters())
@@ -283,6 +287,7 @@ class Trainer:
             batches, data_time = self.next_batches(data_iter)
             lr = self.lr_scheduler.get_last_lr()[0]
             out = self.train_step(batches)
+            self.comm_profiler.step(self.step)
             self.metrics.add_tokens(sum(b["input_ids"].numel() for b in batches), data_time)
             if self.metrics.should_log(self.step, last):
                 records.append(self.metrics.log(self.step, self._reduce(out, lr)))
@@ -293,6 +298,7 @@ class Trainer:
                 logger.info(f"stopping at step {self.step} ({saved})")
                 break
         gc.enable()
+        self.comm_profiler.close()
         self.metrics.close()
         return records
 

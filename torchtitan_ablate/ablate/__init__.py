@@ -1,0 +1,13 @@
+"""Ablation runner: one base recipe, named override sets, a decision-ready report.
+
+    python scripts/ablate.py ABLATION.toml [--out DIR] [--dry-run] [--resume] [--ngpu N]
+                             [--set section.key=value ...]
+    python scripts/ablate.py --report DIR
+
+spec.py reads the ablation file, runner.py validates and runs it, report.py / markdown.py /
+plots.py write results.csv, results.json, report.md and the plots. See docs/ablation.md.
+"""
+
+from torchtitan_ablate.ablate.spec import AblationError, AblationSpec, Variant, load_spec
+
+__all__ = ["AblationError", "AblationSpec", "Variant", "load_spec"]

@@ -225,10 +225,6 @@ def validate(config: JobConfig) -> None:
         opt == "op" or (opt.isdigit() and int(opt) >= 1),
         f"activation_checkpoint.selective_ac_option = {opt!r}: 'op' or a positive integer",
     )
-    require(
-        not config.metrics.comm_profile,
-        "metrics.comm_profile = true is not implemented yet (see the ablation-runner issue)",
-    )
     bad = [c for c in config.compile.components if c not in ("model", "loss")]
     require(not bad, f"compile.components = {bad}: allowed are 'model', 'loss'")
 

@@ -1,0 +1,104 @@
+"""report.md: the results table, verdicts, noise definition, commands and environment."""
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from torchtitan_ablate.ablate import report
+
+
+def _num(value: Any, fmt: str = ".2f") -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def _memory(row: dict) -> tuple[str, str]:
+    measured = _num(row["memory_measured_gib"])
+    if row["memory_measured_gib"] is None and row["status"] not in ("invalid", "not run"):
+        measured = "n/a (CPU)"
+    predicted = _num(row["memory_predicted_gib"])
+    if row["fits_predicted"] is not None:
+        predicted += " (fits)" if row["fits_predicted"] else " (does not fit)"
+    return measured, predicted
+
+
+def results_table(rows: list[dict]) -> list[str]:
+    profiled = any(r["comm_pct"] is not None for r in rows)
+    head = (
+        "| variant | runs ok | tokens/s/GPU (median) | noise | speedup | TFLOP/s | MFU % "
+        "| peak mem measured GiB | predicted GiB | mem ratio | final loss (mean +- std) |"
+    )
+    sep = "|---|---|---|---|---|---|---|---|---|---|---|"
+    if profiled:
+        head += " comm / compute / data % | GPU util % |"
+        sep += "---|---|"
+    lines = [head, sep]
+    for r in rows:
+        measured, predicted = _memory(r)
+        loss = _num(r["final_loss_mean"], ".4f")
+        if r["final_loss_std"] is not None:
+            loss += f" +- {r['final_loss_std']:.4f}"
+        ratio = _num(r["memory_ratio"])
+        if r["memory_ratio"] is not None:
+            ratio += f" ({r['memory_ratio_basis']})"
+        noise = "n/a" if r["tps_noise_pct"] is None else f"+-{r['tps_noise_pct']:.1f}%"
+        speedup = "n/a" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+        line = (
+            f"| {r['variant']} | {r['runs_ok']}/{r['runs']} | {_num(r['tps_median'], ',.0f')} "
+            f"| {noise} | {speedup} | {_num(r['tflops'], '.3g')} | {_num(r['mfu_pct'], '.1f')} "
+            f"| {measured} | {predicted} | {ratio} | {loss} |"
+        )
+        if profiled:
+            shares = [_num(r[k], ".0f") for k in ("comm_pct", "compute_pct", "data_pct")]
+            line += f" {' / '.join(shares)} | {_num(r['gpu_util_pct'], '.0f')} |"
+        lines.append(line)
+    return lines
+
+
+def render(plan: dict, rows: list[dict], plots: list[str], out: Path) -> str:
+    spec, env = plan["spec"], plan["environment"]
+    lines = [f"# Ablation: {spec['name']}", ""]
+    if spec["description"]:
+        lines += [spec["description"], ""]
+    lines += [
+        f"Base recipe `{spec['config_file']}`, {plan['ngpu']} process(es) per run, "
+        f"tokens/s = median over the logged steps after the first "
+        f"{spec['throughput_warmup_steps']} (at most half of a run; per GPU, padding included). "
+        "The first variant is the baseline.",
+        "",
+        "## Results",
+        "",
+        *results_table(rows),
+        "",
+        "## Verdicts",
+        "",
+        *[f"- {r['verdict']}" for r in rows],
+        "",
+        "Noise: " + " ".join(report.__doc__.split("\n\n")[1].split()),
+        "",
+    ]
+    failed = [r for r in rows if r["error"]]
+    if failed:
+        lines += ["## Failed or invalid", ""]
+        lines += [f"- {r['variant']}: {r['error']}" for r in failed] + [""]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
+    else:
+        lines += ["Plots: matplotlib is not installed (`pip install matplotlib`).", ""]
+    notes = {r["variant"]: v["memory"]["note"] for r, v in zip(rows, plan["variants"])
+             if v.get("memory", {}).get("note")}  # fmt: skip
+    if notes:
+        lines += ["Predicted memory: " + "; ".join(f"{k}: {v}" for k, v in notes.items()), ""]
+    lines += ["## Commands", "", "```bash", shlex.join(plan["command"])]
+    lines += [run["command"] for v in plan["variants"] for run in v.get("runs", [])]
+    lines += ["```", "", "## Environment", ""]
+    gpus = ", ".join(env["gpus"]) or "none (CPU, gloo)"
+    dirty = " (uncommitted changes)" if env["git_dirty"] else ""
+    lines += [
+        f"- git commit: `{env['git_commit']}`{dirty}",
+        f"- torch {env['torch']}, CUDA {env['cuda']}, Python {env['python']}"
+        + (f", torchao {env['torchao']}" if "torchao" in env else ""),
+        f"- hardware: {env['cpu']} ({env['cpu_count']} logical CPUs); GPUs: {gpus}",
+        f"- platform: {env['platform']}",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,199 @@
+"""The report of a finished (or partly finished) ablation, from OUT/ablation.json and the run
+folders only: results.csv, results.json, report.md and the plots.
+
+Run-to-run noise of a variant's tokens/s: with 2+ finished seeds, half the range of the per-seed
+medians relative to their median; with one seed, the relative standard deviation of the
+post-warm-up step tokens/s. A speedup is called within noise when |speedup - 1| is at most the
+baseline's noise plus the variant's. A final-loss difference is within noise when it is at most
+the larger of the two variants' seed ranges (max - min of the final loss over seeds).
+"""
+
+import csv
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from torchtitan_ablate.ablate.runner import PLAN_FILE, read_status
+
+COLUMNS = [
+    "variant", "group", "status", "runs_ok", "runs", "tps_median", "tps_noise_pct", "speedup",
+    "tflops", "mfu_pct", "memory_measured_gib", "memory_reserved_gib", "memory_predicted_gib",
+    "fits_predicted", "memory_ratio", "memory_ratio_basis", "final_loss_mean",
+    "final_loss_spread", "final_loss_std", "global_batch_size", "grad_accum", "tokens_per_step",
+    "comm_pct", "compute_pct", "data_pct", "gpu_util_pct", "error", "verdict",
+]  # fmt: skip
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def _rel_std(values: list[float]) -> float | None:
+    if len(values) < 2 or not statistics.median(values):
+        return None
+    return statistics.stdev(values) / statistics.median(values)
+
+
+def summarize_variant(variant: dict, out: Path, warmup: int) -> dict[str, Any]:
+    """One row: throughput, memory and loss over the variant's finished seeds."""
+    row: dict[str, Any] = {c: None for c in COLUMNS}
+    layout = variant.get("layout", {})
+    memory = variant.get("memory", {})
+    row.update(
+        variant=variant["name"],
+        group=variant["group"],
+        runs=len(variant.get("runs", [])),
+        memory_predicted_gib=memory.get("predicted_peak_gib"),
+        fits_predicted=memory.get("fits"),
+        global_batch_size=layout.get("global_batch_size"),
+        grad_accum=layout.get("grad_accum"),
+        tokens_per_step=layout.get("tokens_per_step"),
+    )
+    if variant["error"]:
+        row.update(status="invalid", runs_ok=0, error=variant["error"])
+        return row
+    per_seed_tps, step_tps, tflops, mfu, finals, active, reserved = [], [], [], [], [], [], []
+    errors, profiles, curves = [], [], {}
+    for run in variant["runs"]:
+        run_dir = out / run["dir"]
+        status = read_status(run_dir)
+        if status is None:
+            continue
+        if status["status"] != "ok":
+            errors.append(f"seed {run['seed']}: {status.get('error', 'failed')}")
+            continue
+        records = read_metrics(run_dir)
+        if not records:
+            errors.append(f"seed {run['seed']}: no metrics.jsonl")
+            continue
+        curves[run["seed"]] = [(r["step"], r["loss"]) for r in records]
+        # Short runs (e.g. --set training.steps=5) keep at least their second half.
+        skip = min(warmup, records[-1]["step"] // 2)
+        steady = [r for r in records if r["step"] > skip] or records[-1:]
+        tps = [r["tps"] for r in steady]
+        per_seed_tps.append(statistics.median(tps))
+        step_tps += tps
+        tflops += [r["tflops"] for r in steady]
+        mfu += [r["mfu"] for r in steady]
+        finals.append(records[-1]["loss"])
+        # CPU runs log 0.0 GiB without a device percentage: memory not measured.
+        if any("memory_max_reserved_pct" in r for r in records):
+            active.append(max(r["memory_max_active_gib"] for r in records))
+            reserved.append(max(r["memory_max_reserved_gib"] for r in records))
+        profile = run_dir / "comm_profile.json"
+        if profile.is_file():
+            profiles.append(json.loads(profile.read_text()))
+    row["curves"] = curves
+    row["runs_ok"] = len(finals)
+    row["error"] = "; ".join(errors) or None
+    if not finals:
+        row["status"] = "failed" if errors else "not run"
+        return row
+    row["status"] = "ok" if len(finals) == row["runs"] else f"partial ({len(errors)} failed)"
+    row["tps_median"] = statistics.median(step_tps)
+    if len(per_seed_tps) >= 2:
+        noise = (max(per_seed_tps) - min(per_seed_tps)) / 2 / statistics.median(per_seed_tps)
+    else:
+        noise = _rel_std(step_tps)
+    row["tps_noise_pct"] = None if noise is None else 100 * noise
+    row["tflops"] = statistics.median(tflops)
+    row["mfu_pct"] = statistics.median(mfu) or None  # 0 when the device peak is unknown (CPU)
+    row["memory_measured_gib"] = max(active) if active else None
+    row["memory_reserved_gib"] = max(reserved) if reserved else None
+    row["final_loss_mean"] = statistics.fmean(finals)
+    if len(finals) >= 2:
+        row["final_loss_spread"] = max(finals) - min(finals)
+        row["final_loss_std"] = statistics.stdev(finals)
+    for key, name in (("comm_pct", "collectives"), ("compute_pct", "compute")):
+        vals = [p[f"{name}_share"] for p in profiles if f"{name}_share" in p]
+        row[key] = 100 * statistics.fmean(vals) if vals else None
+    vals = [p["data_loading_share"] for p in profiles if "data_loading_share" in p]
+    row["data_pct"] = 100 * statistics.fmean(vals) if vals else None
+    vals = [p["gpu_util_pct"] for p in profiles if p.get("gpu_util_pct") is not None]
+    row["gpu_util_pct"] = statistics.fmean(vals) if vals else None
+    return row
+
+
+def compare(row: dict, base: dict) -> None:
+    """Speedup, memory ratio and the one-line verdict of row against the baseline row."""
+    name = row["variant"]
+    if row["tps_median"] is None:
+        row["verdict"] = f"{name}: {row['status']}: {row['error'] or 'no finished run'}"
+        return
+    if row is base:
+        row["speedup"] = 1.0
+        for basis in ("measured", "predicted"):
+            if row[f"memory_{basis}_gib"]:
+                row["memory_ratio"], row["memory_ratio_basis"] = 1.0, basis
+                break
+        row["verdict"] = f"{name}: baseline"
+        return
+    if base["tps_median"] is None:
+        row["verdict"] = f"{name}: no comparison (baseline {base['variant']} has no finished run)"
+        return
+    parts = []
+    speedup = row["tps_median"] / base["tps_median"]
+    row["speedup"] = speedup
+    change = f"{speedup:.2f}x tokens/s ({100 * (speedup - 1):+.1f}%"
+    if row["tps_noise_pct"] is None or base["tps_noise_pct"] is None:
+        parts.append(f"{change}; run-to-run noise unknown: too few steps after warm-up)")
+    else:
+        noise = (row["tps_noise_pct"] + base["tps_noise_pct"]) / 100
+        within = "within" if abs(speedup - 1) <= noise else "beyond"
+        parts.append(f"{change}, {within} the run-to-run noise of +-{100 * noise:.1f}%)")
+    for basis, key in (("measured", "memory_measured_gib"), ("predicted", "memory_predicted_gib")):
+        if row[key] and base[key]:
+            row["memory_ratio"] = row[key] / base[key]
+            row["memory_ratio_basis"] = basis
+            parts.append(f"peak memory {row['memory_ratio']:.2f}x ({basis})")
+            break
+    else:
+        parts.append("peak memory not measured or predicted")
+    delta = row["final_loss_mean"] - base["final_loss_mean"]
+    spreads = [s for s in (row["final_loss_spread"], base["final_loss_spread"]) if s is not None]
+    loss = f"final loss {row['final_loss_mean']:.4f} vs {base['final_loss_mean']:.4f} ({delta:+.4f}"
+    if spreads:
+        within = "within" if abs(delta) <= max(spreads) else "beyond"
+        parts.append(f"{loss}, {within} the seed spread {max(spreads):.4f})")
+    else:
+        parts.append(f"{loss}; one seed: loss noise unknown)")
+    row["verdict"] = f"{name} vs {base['variant']}: " + "; ".join(parts)
+
+
+def build_rows(out: Path) -> tuple[dict, list[dict]]:
+    plan = json.loads((out / PLAN_FILE).read_text())
+    warmup = plan["spec"]["throughput_warmup_steps"]
+    rows = [summarize_variant(v, out, warmup) for v in plan["variants"]]
+    for row in rows:
+        compare(row, rows[0])
+    return plan, rows
+
+
+def write_report(out: Path) -> list[dict]:
+    """Writes results.csv/json, the plots and report.md into out; returns the rows."""
+    from torchtitan_ablate.ablate.markdown import render
+    from torchtitan_ablate.ablate.plots import make_plots
+
+    out = Path(out)
+    plan, rows = build_rows(out)
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    table = [{c: r[c] for c in COLUMNS} for r in rows]
+    (out / "results.json").write_text(
+        json.dumps({"ablation": plan["spec"]["name"], "rows": table}, indent=1) + "\n"
+    )
+    plots = make_plots(rows, out)
+    (out / "report.md").write_text(render(plan, rows, plots, out))
+    return rows

@@ -1,0 +1,265 @@
+"""Plan an ablation (validate every variant, predict its memory), then run variant x seed one
+after another through ./run_train.sh, each into OUT/runs/<variant>/seed<N>/.
+
+OUT/ablation.json holds the plan (resolved arguments, layouts, predictions, commands, versions);
+each run folder gets train.log, the trainer's metrics.jsonl and config.toml, and status.json
+(ok / failed with its error line). The report is built from these files only (report.py).
+"""
+
+import inspect
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from torchtitan_ablate.ablate.environment import environment
+from torchtitan_ablate.ablate.spec import AblationSpec, Variant
+from torchtitan_ablate.config import ConfigError, JobConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAN_FILE = "ablation.json"
+
+
+def _estimator():
+    """The memory estimator's `estimate(config) -> dict` (its package may expose the function
+    or the module of the same name)."""
+    from torchtitan_ablate.memory import estimate
+
+    return estimate.estimate if inspect.ismodule(estimate) else estimate
+
+
+def predict_memory(config: JobConfig, ngpu: int) -> dict[str, Any]:
+    """The memory estimator's per-GPU peak for this config, or "n/a" with the reason."""
+    try:
+        config.memory_estimation.world_size = ngpu
+        est = _estimator()(config)
+        peak = float(est["peak_gib"])
+        device = est.get("device_memory_gib") or config.memory_estimation.device_memory_gib
+        device = device if device > 0 else 80.0
+        fits = est.get("fits")
+        if fits is None:
+            fits = peak + est.get("context_gib", 0.0) <= device
+        return {"predicted_peak_gib": peak, "fits": fits, "device_memory_gib": device, "note": ""}
+    except Exception as e:  # the estimator is optional: its absence or failure is reported
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        return {"predicted_peak_gib": None, "fits": None, "note": f"n/a: {reason}"}
+
+
+def check_layout(config: JobConfig, ngpu: int) -> dict[str, Any]:
+    """The checks the trainer makes before building anything: mesh, model, batch."""
+    from torchtitan_ablate.train import build_model_args, build_parallel_dims, num_microbatches
+
+    pd = build_parallel_dims(config, ngpu)
+    args = build_model_args(config)
+    try:
+        pd.check_model(args.num_experts, config.training.seq_len)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    grad_accum = num_microbatches(config, pd.dp)
+    global_batch = config.training.local_batch_size * pd.dp * grad_accum
+    return {
+        "flavor": config.model.flavor,
+        "mesh": f"rep{pd.dp_replicate} shard{pd.dp_shard} cp{pd.cp} ep{pd.ep}",
+        "dp": pd.dp,
+        "grad_accum": grad_accum,
+        "local_batch_size": config.training.local_batch_size,
+        "global_batch_size": global_batch,
+        "seq_len": config.training.seq_len,
+        "tokens_per_step": global_batch * config.training.seq_len,
+        "steps": config.training.steps,
+        "seed": config.training.seed,
+    }
+
+
+def plan_variant(
+    spec: AblationSpec, variant: Variant, ngpu: int, sets: list[str], estimate: bool
+) -> dict[str, Any]:
+    """Validates one variant exactly as the launcher will load it; never raises."""
+    seed = spec.seeds[0] if spec.seeds else None
+    args = spec.run_args(variant, seed, sets)
+    entry: dict[str, Any] = {"name": variant.name, "group": variant.group or variant.name}
+    entry.update(description=variant.description, overrides=variant.overrides, error=None)
+    try:
+        config = load_config(["--job.config_file", spec.config_file, *args])
+        entry["layout"] = check_layout(config, ngpu)
+    except ConfigError as e:
+        entry["error"] = f"variant {variant.name!r}: {e}".replace("command line: ", "")
+        return entry
+    seeds = spec.seeds or [entry["layout"]["seed"]]
+    entry["seeds"] = seeds
+    entry["memory"] = (
+        predict_memory(config, ngpu)
+        if estimate
+        else {"predicted_peak_gib": None, "fits": None, "note": "n/a: --no-estimate"}
+    )
+    entry["runs"] = []
+    for s in seeds:
+        run_dir = f"runs/{variant.name}/seed{s}"
+        run_args = spec.run_args(variant, s if spec.seeds else None, sets)
+        entry["runs"].append({"seed": s, "dir": run_dir, "args": run_args})
+    return entry
+
+
+def make_plan(
+    spec: AblationSpec,
+    ablation_file: str,
+    ngpu: int | None,
+    sets: list[str],
+    argv: list[str],
+    estimate: bool = True,
+) -> dict[str, Any]:
+    ngpu = ngpu or spec.ngpu
+    return {
+        "spec": asdict(spec),
+        "ablation_file": ablation_file,
+        "command": argv,
+        "ngpu": ngpu,
+        "sets": sets,
+        "variants": [plan_variant(spec, v, ngpu, sets, estimate) for v in spec.variants],
+        "environment": environment(),
+    }
+
+
+def run_command(plan: dict, run: dict, out: Path) -> list[str]:
+    """The exact launcher command of one run (as a shell line: env assignments first)."""
+    dump = out / run["dir"]
+    cfg = plan["spec"]["config_file"]
+    return [
+        f"NGPU={plan['ngpu']}",
+        f"CONFIG_FILE={cfg}",
+        "./run_train.sh",
+        *run["args"],
+        f"--job.dump_folder={dump}",
+    ]
+
+
+def write_plan(plan: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for v in plan["variants"]:
+        for run in v.get("runs", []):
+            run["command"] = shlex.join(run_command(plan, run, out))
+    (out / PLAN_FILE).write_text(json.dumps(plan, indent=1) + "\n")
+
+
+def read_status(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "status.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+ERROR_LINE = re.compile(r"([A-Za-z_.]*(Error|Exception)\b|config error|out of memory)")
+
+
+def error_line(log: Path, returncode: int) -> str:
+    """The last informative error line of a failed run's log."""
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    hits = [
+        x.strip()
+        for x in lines
+        if ERROR_LINE.search(x) and "ChildFailedError" not in x and "Traceback" not in x
+    ]
+    if hits:
+        return hits[-1][:500]
+    if returncode < 0 or returncode == 137:
+        return f"killed by signal {-returncode if returncode < 0 else 9} (out of host memory?)"
+    tail = [x.strip() for x in lines if x.strip()]
+    return (tail[-1] if tail else "no output")[:500] + f" (exit code {returncode})"
+
+
+def _last_record(metrics: Path) -> dict | None:
+    if not metrics.is_file():
+        return None
+    lines = [x for x in metrics.read_text().splitlines() if x.strip()]
+    try:
+        return json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:  # a line being written
+        return json.loads(lines[-2]) if len(lines) > 1 else None
+
+
+def _fmt_s(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def launch(cmd: list[str], run_dir: Path, label: str, steps: int, eta_rest: float, timeout: float):
+    """Runs one training, printing a progress line per logged step; returns (rc, wall_s)."""
+    env = dict(os.environ, MASTER_PORT=str(_free_port()))
+    env.update(a.split("=", 1) for a in cmd[:2])
+    start = time.perf_counter()
+    with open(run_dir / "train.log", "w") as log:
+        proc = subprocess.Popen(
+            cmd[2:], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        last_step = 0
+        try:
+            while proc.poll() is None:
+                time.sleep(1.0)
+                elapsed = time.perf_counter() - start
+                if timeout and elapsed > timeout:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait()
+                    log.write(f"\nablate: run exceeded --timeout {timeout:.0f} s; stopped\n")
+                    break
+                rec = _last_record(run_dir / "metrics.jsonl")
+                if rec and rec["step"] != last_step:
+                    last_step = rec["step"]
+                    left = elapsed / last_step * (steps - last_step)
+                    print(
+                        f"  {label}: step {last_step}/{steps}  loss {rec['loss']:.4f}  "
+                        f"tps {rec['tps']:,.0f}  elapsed {_fmt_s(elapsed)}  ETA run "
+                        f"{_fmt_s(left)}, all {_fmt_s(left + eta_rest)}",
+                        flush=True,
+                    )
+        except KeyboardInterrupt:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+            raise
+    return proc.returncode, time.perf_counter() - start
+
+
+def run_all(plan: dict, out: Path, resume: bool, timeout: float = 0.0) -> None:
+    """Runs every valid variant x seed; a failed run is recorded and the rest go on."""
+    todo = [(v, r) for v in plan["variants"] if not v["error"] for r in v["runs"]]
+    walls: list[float] = []
+    for i, (variant, run) in enumerate(todo, 1):
+        run_dir = out / run["dir"]
+        label = f"[{i}/{len(todo)}] {variant['name']} seed {run['seed']}"
+        status = read_status(run_dir)
+        if resume and status and status["status"] == "ok" and status["command"] == run["command"]:
+            print(f"{label}: finished before, skipped (--resume)", flush=True)
+            continue
+        if run_dir.exists():  # metrics.jsonl appends and checkpoints resume: start clean
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        mean_wall = sum(walls) / len(walls) if walls else 0.0
+        print(f"{label}: {run['command']}", flush=True)
+        rc, wall = launch(
+            run_command(plan, run, out),
+            run_dir,
+            label,
+            variant["layout"]["steps"],
+            mean_wall * (len(todo) - i),
+            timeout,
+        )
+        walls.append(wall)
+        status = {"status": "ok" if rc == 0 else "failed", "returncode": rc, "wall_s": wall}
+        status.update(command=run["command"], finished=time.strftime("%Y-%m-%d %H:%M:%S"))
+        if rc != 0:
+            status["error"] = error_line(run_dir / "train.log", rc)
+            print(f"{label}: FAILED in {_fmt_s(wall)}: {status['error']}", flush=True)
+        else:
+            print(f"{label}: done in {_fmt_s(wall)}", flush=True)
+        (run_dir / "status.json").write_text(json.dumps(status, indent=1) + "\n")

@@ -1,0 +1,179 @@
+"""The ablation file: one base recipe, shared overrides, named variants (TOML).
+
+    [ablation]
+    name = "zero2_vs_zero3_vs_hsdp"        # default: the file name
+    description = "..."
+    config_file = "train_configs/qwen3_1.7b.toml"   # the base recipe (required)
+    ngpu = 4                                # processes per run (--ngpu overrides)
+    seeds = [42, 43]                        # one run per seed (default: the recipe's seed)
+    steps = 30                              # training.steps for every run (optional)
+    throughput_warmup_steps = 3             # steps left out of the tokens/s median (default 1)
+
+    [overrides]                             # section.key = value, applied to every variant
+    metrics.log_freq = 1
+
+    [variants.zero3]                        # the first variant is the baseline
+    parallelism.fsdp_reshard_after_forward = "always"
+
+    [variants.zero2]
+    group = "zero2"                         # optional: line name in the batch-size plot
+    parallelism.fsdp_reshard_after_forward = "never"
+
+Precedence for one run: recipe < steps < [overrides] < variant < seed < --set. Whether a key
+exists and its value is valid is checked by the config loader itself (see runner.plan), so an
+override of a key the engine does not have is an error, never silently dropped.
+"""
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class AblationError(ValueError):
+    """A mistake in an ablation file or in --set; the message is the one line the user sees."""
+
+
+ABLATION_KEYS = {
+    "name",
+    "description",
+    "config_file",
+    "ngpu",
+    "seeds",
+    "steps",
+    "throughput_warmup_steps",
+}
+VARIANT_META_KEYS = {"group", "description"}
+RUNNER_OWNED = {"job.dump_folder", "job.config_file", "training.seed"}
+
+
+@dataclass
+class Variant:
+    name: str
+    overrides: dict[str, Any]  # "section.key" -> value
+    group: str = ""
+    description: str = ""
+
+
+@dataclass
+class AblationSpec:
+    name: str
+    config_file: str
+    variants: list[Variant]
+    overrides: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    ngpu: int = 1
+    seeds: list[int] | None = None
+    steps: int | None = None
+    throughput_warmup_steps: int = 1
+
+    def run_args(self, variant: Variant, seed: int | None, sets: list[str]) -> list[str]:
+        """The `--section.key=value` arguments of one run (without job.dump_folder)."""
+        args = [] if self.steps is None else [f"--training.steps={self.steps}"]
+        args += [cli_arg(k, v) for k, v in self.overrides.items()]
+        args += [cli_arg(k, v) for k, v in variant.overrides.items()]
+        if seed is not None:
+            args.append(f"--training.seed={seed}")
+        return args + [f"--{s}" for s in sets]
+
+
+def cli_arg(key: str, value: Any) -> str:
+    """A TOML value as the launcher's `--section.key=value` (lists comma-separated)."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, list):
+        text = ",".join(cli_arg("x", v).partition("=")[2] for v in value)
+    elif isinstance(value, float):
+        text = repr(value)
+    else:
+        text = str(value)
+    return f"--{key}={text}"
+
+
+def _flatten(table: dict[str, Any], where: str) -> dict[str, Any]:
+    """{"training": {"seq_len": 64}} or {"training.seq_len": 64} -> {"training.seq_len": 64}."""
+    out = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            for sub, v in value.items():
+                if isinstance(v, dict):
+                    raise AblationError(f"{where}: {key}.{sub} is nested too deep; use section.key")
+                out[f"{key}.{sub}"] = v
+        elif "." in key:
+            out[key] = value
+        else:
+            raise AblationError(f"{where}: {key!r} is not a section.key override")
+    for key in out:
+        if key in RUNNER_OWNED:
+            raise AblationError(f"{where}: {key} is set by the ablation runner, not by overrides")
+    return out
+
+
+def _variant(name: str, table: Any, where: str) -> Variant:
+    if not isinstance(table, dict):
+        raise AblationError(f"{where}: [variants.{name}] must be a table of section.key = value")
+    meta = {k: table[k] for k in VARIANT_META_KEYS if isinstance(table.get(k), str)}
+    rest = {k: v for k, v in table.items() if k not in meta}
+    return Variant(name, _flatten(rest, f"{where} [variants.{name}]"), **meta)
+
+
+def parse_sets(sets: list[str]) -> list[str]:
+    """Checks `--set section.key=value` items; returns them as given."""
+    for item in sets:
+        key, eq, _ = item.partition("=")
+        if not eq or "." not in key or key.startswith("-"):
+            raise AblationError(f"--set {item!r}: use section.key=value (e.g. training.steps=5)")
+        if key in RUNNER_OWNED:
+            raise AblationError(f"--set {item!r}: {key} is set by the ablation runner")
+    return list(sets)
+
+
+def load_spec(path: str | Path) -> AblationSpec:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise AblationError(f"{path}: cannot read the ablation file: {e}") from None
+    unknown = set(data) - {"ablation", "overrides", "variants"}
+    if unknown:
+        raise AblationError(
+            f"{path}: unknown table(s) {sorted(unknown)}; allowed: [ablation], [overrides], "
+            "[variants.NAME]"
+        )
+    head = data.get("ablation", {})
+    bad = set(head) - ABLATION_KEYS
+    if bad:
+        raise AblationError(
+            f"{path}: unknown [ablation] key(s) {sorted(bad)}; allowed: "
+            + ", ".join(sorted(ABLATION_KEYS))
+        )
+    if "config_file" not in head:
+        raise AblationError(f"{path}: [ablation] needs config_file (the base recipe)")
+    variants = [_variant(n, t, str(path)) for n, t in data.get("variants", {}).items()]
+    if not variants:
+        raise AblationError(f"{path}: no [variants.NAME] tables; at least one is needed")
+    seeds = head.get("seeds")
+    if seeds is not None and (
+        not isinstance(seeds, list) or not seeds or not all(type(s) is int for s in seeds)
+    ):
+        raise AblationError(f"{path}: seeds = {seeds!r}: a non-empty list of integers")
+    for key in ("ngpu", "steps", "throughput_warmup_steps"):
+        value = head.get(key)
+        if value is not None and (type(value) is not int or value < (0 if "warmup" in key else 1)):
+            raise AblationError(f"{path}: {key} = {value!r}: a positive integer")
+    return AblationSpec(
+        name=head.get("name", path.stem),
+        description=head.get("description", ""),
+        config_file=head["config_file"],
+        variants=variants,
+        overrides=_flatten(data.get("overrides", {}), f"{path} [overrides]"),
+        ngpu=head.get("ngpu", 1),
+        seeds=seeds,
+        steps=head.get("steps"),
+        throughput_warmup_steps=head.get("throughput_warmup_steps", 1),
+    )
