@@ -237,7 +237,11 @@ class Trainer:
             self.is_writer,
         )
         self.comm_profiler = CommProfiler(
-            config.metrics, config.job.dump_folder, self.device, self.is_writer, config.training.steps
+            config.metrics,
+            config.job.dump_folder,
+            self.device,
+            self.is_writer,
+            config.training.steps,
         )
         self.step = 0
         self.stop_requested = False
