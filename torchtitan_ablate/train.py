@@ -17,6 +17,7 @@ import torch
 
 from torchtitan_ablate.components.checkpoint import CheckpointManager
 from torchtitan_ablate.components.data import build_dataloader
+from torchtitan_ablate.components.hf_checkpoint import hf_model_args
 from torchtitan_ablate.components.loss import cross_entropy_sum, num_valid_tokens
 from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler
 from torchtitan_ablate.components.metrics import MetricsLogger
@@ -28,6 +29,7 @@ from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.distributed.context_parallel import cp_shard_batch
 from torchtitan_ablate.distributed.float8 import float8_post_optimizer_step
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
+from torchtitan_ablate.models.common.lora import init_lora_weights
 from torchtitan_ablate.models.qwen3 import Qwen3Model, Qwen3ModelArgs, qwen3_flavors
 from torchtitan_ablate.models.qwen3.parallelize import parallelize_qwen3
 
@@ -39,8 +41,9 @@ def build_model_args(config: JobConfig) -> Qwen3ModelArgs:
     m = config.model
     if m.name != "qwen3":
         raise ConfigError(f"model.name = {m.name!r}: only 'qwen3' is built in")
-    if m.flavor not in qwen3_flavors:
-        raise ConfigError(f"model.flavor = {m.flavor!r}: one of {', '.join(qwen3_flavors)}")
+    base = _auto_flavor(config) if m.flavor == "auto" else qwen3_flavors.get(m.flavor)
+    if base is None:
+        raise ConfigError(f"model.flavor = {m.flavor!r}: auto or one of {', '.join(qwen3_flavors)}")
     overrides: dict = {"attn_backend": m.attn_backend}
     if m.moe_aux_loss_coef >= 0:
         overrides["moe_aux_loss_coef"] = m.moe_aux_loss_coef
@@ -52,11 +55,25 @@ def build_model_args(config: JobConfig) -> Qwen3ModelArgs:
         overrides["n_layers"] = m.n_layers
     if m.num_experts > 0:
         overrides["num_experts"] = m.num_experts
-    overrides["max_seq_len"] = max(qwen3_flavors[m.flavor].max_seq_len, config.training.seq_len)
+    overrides["max_seq_len"] = max(base.max_seq_len, config.training.seq_len)
     try:
-        return dataclasses.replace(qwen3_flavors[m.flavor], **overrides)
+        return dataclasses.replace(base, **overrides)
     except ValueError as e:  # e.g. num_experts on a dense flavor
         raise ConfigError(f"model.flavor = {m.flavor!r} with these overrides: {e}") from None
+
+
+def _auto_flavor(config: JobConfig) -> Qwen3ModelArgs:
+    """model.flavor = "auto": the sizes of the config.json in checkpoint.initial_load_path."""
+    path = config.checkpoint.initial_load_path
+    if not path:
+        raise ConfigError(
+            "model.flavor = 'auto' needs checkpoint.initial_load_path (a folder holding "
+            "config.json: an HF checkpoint or a converted DCP one)"
+        )
+    try:
+        return hf_model_args(path)
+    except (ValueError, KeyError, OSError) as e:
+        raise ConfigError(f"model.flavor = 'auto': {e}") from None
 
 
 def build_parallel_dims(config: JobConfig, world_size: int) -> ParallelDims:
@@ -100,6 +117,8 @@ def build_model(
     else:
         with torch.no_grad():
             model.init_weights(buffer_device=device)
+    if config.lora.enable:
+        init_lora_weights(model)
     model.train()
     return model
 
@@ -227,6 +246,7 @@ class Trainer:
             lr_schedulers=[self.lr_scheduler],
             dataloader=self.dataloader,
             initial_load_path=config.checkpoint.initial_load_path,
+            initial_load_format=config.checkpoint.initial_load_format,
             load_step=config.checkpoint.load_step,
         )
         self.metrics = MetricsLogger(
@@ -246,8 +266,10 @@ class Trainer:
         self.step = 0
         self.stop_requested = False
         n_params = sum(p.numel() for p in model.parameters())
+        n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         logger.info(
-            f"model {config.model.flavor}: {n_params:,} parameters; world {world_size} "
+            f"model {config.model.flavor}: {n_params:,} parameters ({n_trainable:,} trainable); "
+            f"world {world_size} "
             f"({pd}); grad accumulation {self.grad_accum}; device {self.device}"
         )
 

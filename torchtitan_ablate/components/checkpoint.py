@@ -35,6 +35,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
+from torchtitan_ablate.components.hf_checkpoint import load_hf_weights
+
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -155,7 +157,8 @@ class CheckpointManager:
     (<= 0 keeps all), and resumes from the newest complete step (or `load_step`).
 
     `enable=False` turns off saving and resuming from `folder`; `initial_load_path` (a model-only
-    or full DCP checkpoint) still seeds the model weights when there is nothing to resume from.
+    or full DCP checkpoint, or with `initial_load_format="hf"` an HF folder) still seeds the
+    model weights when there is nothing to resume from.
     `states` are extra Stateful objects saved under their names, e.g. {"train_state": TrainState()}.
     Every rank must call the constructor, `save` and `load` (they hold collectives).
     """
@@ -172,6 +175,7 @@ class CheckpointManager:
         lr_schedulers: list,
         dataloader: Any | None,
         initial_load_path: str | None = None,
+        initial_load_format: str = "dcp",
         load_step: int = -1,
         states: dict[str, Stateful] | None = None,
     ) -> None:
@@ -185,7 +189,10 @@ class CheckpointManager:
         self.enable = enable
         self.interval = interval
         self.keep_latest_k = keep_latest_k
+        if initial_load_format not in ("dcp", "hf"):
+            raise ValueError(f"checkpoint.initial_load_format = {initial_load_format!r}: dcp or hf")
         self.initial_load_path = initial_load_path
+        self.initial_load_format = initial_load_format
         self.load_step = load_step
         self.model = ModelWrapper(model_parts)
         self.optimizer = OptimizerWrapper(model_parts, optimizers)
@@ -247,12 +254,19 @@ class CheckpointManager:
         elif step >= 0:
             logger.warning(f"load_step={step} has no effect: checkpointing is disabled")
         if self.initial_load_path:
-            keys = _saved_keys(self.initial_load_path)
             model_sd = self.model.state_dict()
-            _check_keys(self.initial_load_path, model_sd, keys)
-            _dcp_load(model_sd, self.initial_load_path)
+            if self.initial_load_format == "hf":
+                load_hf_weights(model_sd, self.initial_load_path)
+            else:
+                keys = _saved_keys(self.initial_load_path)
+                # LoRA adapters absent from a base checkpoint keep their initial values.
+                to_load = {k: v for k, v in model_sd.items() if k in keys or ".lora_" not in k}
+                _check_keys(self.initial_load_path, to_load, keys)
+                _dcp_load(to_load, self.initial_load_path)
             self.model.load_state_dict(model_sd)
-            logger.info(f"loaded model weights from {self.initial_load_path}")
+            logger.info(
+                f"loaded model weights from {self.initial_load_path} ({self.initial_load_format})"
+            )
         return 0
 
     def complete_steps(self) -> list[int]:

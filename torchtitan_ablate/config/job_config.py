@@ -27,7 +27,9 @@ class Model:
 
     flavor: str = "debugmodel"
     """Size preset from models/qwen3/args.py: debugmodel, debugmodel_moe, 0.6B, 1.7B, 4B, 8B,
-    14B, 32B, 30B-A3B, 235B-A22B."""
+    14B, 32B, 30B-A3B, 235B-A22B; or "auto": the sizes of the config.json in
+    checkpoint.initial_load_path (an HF folder, or a DCP folder written by
+    scripts/convert_checkpoint.py)."""
 
     tokenizer_path: str = "assets/tokenizer/debug.tiktoken"
     """Tokenizer: a tiktoken ranks file, an HF tokenizer.json, a sentencepiece .model, a folder
@@ -56,16 +58,19 @@ class Model:
 
 @dataclass
 class Training:
-    dataset: Literal["synthetic", "text"] = "text"
+    dataset: Literal["synthetic", "text", "chat"] = "text"
     """synthetic: seeded random tokens; text: .txt / .jsonl ({"text": ...}) files in
-    dataset_path."""
+    dataset_path; chat: .jsonl ({"messages": [{"role", "content"}, ...]}) rendered in Qwen's
+    chat format, loss only on assistant tokens (SFT, see docs/finetuning.md)."""
 
     dataset_path: str | None = "assets/data/debug_corpus.jsonl"
-    """File or folder for dataset = "text"."""
+    """File or folder for dataset = "text" or "chat"."""
 
-    packing: Literal["greedy", "padding"] = "greedy"
-    """greedy: concatenate documents with EOS, attention masked per document; padding: one
-    document per row, pad tokens ignored by the loss."""
+    packing: Literal["greedy", "best_fit", "padding"] = "greedy"
+    """greedy: documents joined in order, attention masked per document (text: cut at row ends,
+    EOS between documents; chat: a conversation never split, a row closes when the next one does
+    not fit); best_fit (chat only): each conversation goes into the open row it fills best
+    (fewer padding tokens); padding: one document per row, pad tokens ignored by the loss."""
 
     local_batch_size: int = 8
     """Sequences per micro-batch on each data-parallel rank."""
@@ -234,7 +239,36 @@ class Checkpoint:
     """Step to resume from; -1 = the latest complete one."""
 
     initial_load_path: str | None = None
-    """Weights to start from when the folder has no checkpoint yet."""
+    """Weights to start from when the folder has no checkpoint yet (a DCP folder, or an HF
+    folder with config.json and *.safetensors when initial_load_format = "hf")."""
+
+    initial_load_format: Literal["dcp", "hf"] = "dcp"
+    """Format of initial_load_path: dcp (model-only or full DCP checkpoint) or hf (Hugging Face
+    Qwen3 / Qwen3-MoE safetensors, read shard by shard straight into the sharded model)."""
+
+
+@dataclass
+class LoRA:
+    enable: bool = False
+    """Train low-rank adapters on frozen base weights (no gradients or optimizer state for the
+    base); merged into the base weights on export (scripts/convert_checkpoint.py --to hf)."""
+
+    rank: int = 16
+    """Adapter rank r: each target W [out, in] gets A [r, in] and B [out, r] (B starts at 0)."""
+
+    alpha: float = 32.0
+    """Scale: the adapter adds (alpha / rank) * B @ A to the weight."""
+
+    dropout: float = 0.0
+    """Dropout on the adapter's input (0 = off)."""
+
+    target_modules: list[str] = field(
+        default_factory=lambda: [
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
+        ]
+    )  # fmt: skip
+    """Projections to adapt, by HF name: q_proj, k_proj, v_proj, o_proj (attention), gate_proj,
+    up_proj, down_proj (dense MLP), experts (every routed expert's gate/up/down, per expert)."""
 
 
 @dataclass
@@ -298,6 +332,7 @@ class JobConfig:
     compile: Compile = field(default_factory=Compile)
     float8: Float8 = field(default_factory=Float8)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    lora: LoRA = field(default_factory=LoRA)
     metrics: Metrics = field(default_factory=Metrics)
     profiling: Profiling = field(default_factory=Profiling)
     memory_estimation: MemoryEstimation = field(default_factory=MemoryEstimation)

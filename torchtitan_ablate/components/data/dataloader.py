@@ -18,9 +18,10 @@ from torchtitan_ablate.components.data.datasets import (
     list_text_files,
 )
 from torchtitan_ablate.components.data.packing import PACKING_MODES, PackedDataset
+from torchtitan_ablate.components.data.sft import SFT_PACKING_MODES, ChatDocuments, SFTDataset
 from torchtitan_ablate.components.tokenizer import Tokenizer
 
-DATASETS = ("synthetic", "text")
+DATASETS = ("synthetic", "text", "chat")
 
 
 def build_dataloader(
@@ -37,28 +38,34 @@ def build_dataloader(
     num_workers: int = 0,
     pin_memory: bool = False,
 ) -> StatefulDataLoader:
-    """Build this dp rank's infinite loader. dataset_path: a .txt/.jsonl file or folder."""
+    """Build this dp rank's infinite loader. dataset_path: a .txt/.jsonl file or folder (chat:
+    .jsonl conversations, see sft.py)."""
     if dataset not in DATASETS:
         raise ValueError(f"training.dataset={dataset!r}; expected one of {DATASETS}")
-    if packing not in PACKING_MODES:
-        raise ValueError(f"training.packing={packing!r}; expected one of {PACKING_MODES}")
+    modes = SFT_PACKING_MODES if dataset == "chat" else PACKING_MODES
+    if packing not in modes:
+        raise ValueError(f"training.packing={packing!r}; dataset {dataset!r} needs one of {modes}")
     if not 0 <= dp_rank < dp_world_size:
         raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_world_size={dp_world_size})")
     if seq_len < 1 or local_batch_size < 1:
         raise ValueError(f"seq_len={seq_len} and local_batch_size={local_batch_size} must be >= 1")
-    if dataset == "synthetic":
-        source = SyntheticDocuments(tokenizer.vocab_size, seq_len, seed)
+    if dataset == "chat":  # SFT: assistant-only labels, conversations kept whole
+        chats = ChatDocuments(list_text_files(dataset_path), tokenizer, seq_len)
+        rows = SFTDataset(chats, seq_len, packing, tokenizer.pad_id, dp_rank, dp_world_size)
     else:
-        source = TextDocuments(list_text_files(dataset_path), tokenizer)
-    rows = PackedDataset(
-        source,
-        seq_len=seq_len,
-        packing=packing,
-        eos_id=tokenizer.eos_id,
-        pad_id=tokenizer.pad_id,
-        dp_rank=dp_rank,
-        dp_world_size=dp_world_size,
-    )
+        if dataset == "synthetic":
+            source = SyntheticDocuments(tokenizer.vocab_size, seq_len, seed)
+        else:
+            source = TextDocuments(list_text_files(dataset_path), tokenizer)
+        rows = PackedDataset(
+            source,
+            seq_len=seq_len,
+            packing=packing,
+            eos_id=tokenizer.eos_id,
+            pad_id=tokenizer.pad_id,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+        )
     # An own generator: iter() would otherwise draw a seed from the global RNG, shifting every
     # random op after a resume (the checkpoint restores the global RNG before iter()).
     generator = torch.Generator().manual_seed(seed)

@@ -1,6 +1,9 @@
 """parallelize_qwen3: the one place where techniques are applied to a meta-device Qwen3Model.
 
 The order is fixed and matters:
+0. LoRA first (when enabled): it adds the adapter parameters that EP and FSDP must shard like
+   their base weights, and its adapted projections are no longer nn.Linear, so float8 leaves
+   them (frozen base included) in high precision instead of dropping the adapters.
 1. float8: later wrappers must see the final module types.
 2. expert parallel: installs token dispatch/combine around the routed experts.
 3. context parallel: wraps attention so it sees every key/value of the sharded sequence.
@@ -24,6 +27,7 @@ from torchtitan_ablate.distributed.expert_parallel import apply_ep
 from torchtitan_ablate.distributed.float8 import apply_float8
 from torchtitan_ablate.distributed.fsdp import apply_fsdp, describe_layout
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
+from torchtitan_ablate.models.common.lora import apply_lora, make_ep_lora_experts
 
 logger = logging.getLogger("torchtitan_ablate")
 
@@ -44,11 +48,17 @@ def parallelize_qwen3(
     # FSDP2 also on one GPU: its MixedPrecisionPolicy gives bf16 compute over fp32 weights.
     use_fsdp = pd.dp > 1 or pd.cp > 1 or dtype != torch.float32
 
+    lora = job_config.lora
+    if lora.enable:
+        apply_lora(model, lora.rank, lora.alpha, lora.dropout, lora.target_modules)
+
     if job_config.float8.enable:
         apply_float8(model, job_config.float8, device_type, fsdp_enabled=use_fsdp)
 
     if pd.ep_enabled:
         apply_ep(model, pd.mesh("ep"))
+        if lora.enable:
+            make_ep_lora_experts(model)
         logger.info(f"expert parallel: experts split over {pd.ep} ranks, sharded over {pd.efsdp}")
 
     if pd.cp_enabled:

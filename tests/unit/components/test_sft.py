@@ -1,0 +1,121 @@
+"""Chat SFT data: Qwen chat rendering, assistant-only labels, packing modes, exact resume."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchtitan_ablate.components.data import IGNORE_INDEX, build_dataloader
+from torchtitan_ablate.components.data.sft import ChatRenderer, special_token_id
+from torchtitan_ablate.components.tokenizer import build_tokenizer
+
+ROOT = Path(__file__).resolve().parents[3]
+TOKENIZER = str(ROOT / "assets/tokenizer/debug.tiktoken")
+CHAT = str(ROOT / "assets/sft/debug_chat.jsonl")
+CONV = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 2 plus 2?"},
+    {"role": "assistant", "content": "It is 4."},
+    {"role": "user", "content": "And 3 plus 3?"},
+    {"role": "assistant", "content": "It is 6."},
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer(TOKENIZER)
+
+
+def loader(tok, packing: str, seq_len: int = 96, batch: int = 2, path: str = CHAT, **kw):
+    return build_dataloader(
+        dataset="chat", dataset_path=path, tokenizer=tok, seq_len=seq_len,
+        local_batch_size=batch, packing=packing, dp_rank=kw.get("dp_rank", 0),
+        dp_world_size=kw.get("dp", 1), seed=0,
+    )  # fmt: skip
+
+
+def test_render_is_qwen_chat_format_and_masks_all_but_assistant_replies(tok):
+    tokens, mask = ChatRenderer(tok)(CONV)
+    expected = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in CONV)
+    assert tok.decode(tokens) == expected
+    im_end = special_token_id(tok, "<|im_end|>")
+    trained = [t for t, m in zip(tokens, mask) if m]
+    replies = [tok.encode(m["content"]) + [im_end] for m in CONV if m["role"] == "assistant"]
+    assert trained == sum(replies, [])
+    assert tok.decode(trained) == "It is 4.<|im_end|>It is 6.<|im_end|>"
+
+
+@pytest.mark.parametrize("packing", ["greedy", "best_fit", "padding"])
+def test_labels_only_on_assistant_tokens_and_conversations_kept_whole(tok, packing):
+    """Every document of every row is one whole conversation whose labels are exactly its next
+    assistant tokens (counted against the rendering); nothing else carries a label."""
+    render = ChatRenderer(tok)
+    expected = {}  # rendered text -> labels it must carry
+    for line in Path(CHAT).read_text().splitlines():
+        tokens, mask = render(json.loads(line)["messages"])
+        expected[tok.decode(tokens)] = [
+            t if m else IGNORE_INDEX for t, m in zip(tokens[1:], mask[1:])
+        ]
+    it = iter(loader(tok, packing, seq_len=256, batch=1))
+    n_docs = 0
+    for _ in range(12):
+        b = {k: v[0] for k, v in next(it).items()}
+        for d in b["document_ids"].unique().tolist():
+            where = torch.nonzero(b["document_ids"] == d).flatten()
+            ids, labels = b["input_ids"][where], b["labels"][where]
+            assert (b["positions"][where] == torch.arange(len(where))).all()
+            text = tok.decode(ids.tolist())
+            if text not in expected:  # the padding tail
+                assert (ids == tok.pad_id).all() and (labels == IGNORE_INDEX).all()
+                continue
+            assert labels.tolist() == expected[text] + [IGNORE_INDEX]  # last: doc boundary
+            n_docs += 1
+    assert n_docs >= 12
+    if packing != "padding":
+        assert n_docs > 12  # several conversations per row
+
+
+def test_best_fit_pads_no_more_than_greedy(tok):
+    pads = {}
+    for packing in ("greedy", "best_fit"):
+        it = iter(loader(tok, packing, seq_len=128, batch=4))
+        rows = [next(it) for _ in range(4)]
+        pads[packing] = sum(int((r["input_ids"] == tok.pad_id).sum()) for r in rows)
+    assert pads["best_fit"] <= pads["greedy"]
+
+
+@pytest.mark.parametrize("packing", ["greedy", "best_fit"])
+def test_resume_is_exact(tok, packing):
+    ref_loader = loader(tok, packing)
+    ref = iter(ref_loader)
+    for _ in range(3):
+        next(ref)
+    state = ref_loader.state_dict()
+    expected = [next(ref) for _ in range(4)]
+    resumed_loader = loader(tok, packing)
+    resumed_loader.load_state_dict(state)
+    resumed = iter(resumed_loader)
+    for want in expected:
+        got = next(resumed)
+        for k in want:
+            assert torch.equal(got[k], want[k]), k
+
+
+def test_dp_ranks_read_disjoint_conversations(tok):
+    firsts = [next(iter(loader(tok, "padding", batch=1, dp_rank=r, dp=2))) for r in (0, 1)]
+    assert not torch.equal(firsts[0]["input_ids"], firsts[1]["input_ids"])
+
+
+def test_clear_errors(tok, tmp_path):
+    with pytest.raises(ValueError, match="im_start"):
+        loader(build_tokenizer("byte"), "greedy")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user"}]}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        next(iter(loader(tok, "greedy", path=str(bad))))
+    with pytest.raises(ValueError, match="packing"):
+        build_dataloader(
+            dataset="text", dataset_path=CHAT, tokenizer=tok, seq_len=8, local_batch_size=1,
+            packing="best_fit", dp_rank=0, dp_world_size=1, seed=0,
+        )  # fmt: skip

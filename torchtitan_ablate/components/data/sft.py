@@ -1,0 +1,220 @@
+"""Supervised fine-tuning data: chat JSONL -> Qwen chat format -> rows with assistant-only labels.
+
+Input: .jsonl files (or folders of them), one conversation per line:
+    {"messages": [{"role": "system" | "user" | "assistant" | ..., "content": "..."}, ...]}
+Rendering (Qwen's chat format, no thinking tags added), per message:
+    <|im_start|>{role}\\n{content}<|im_end|>\\n
+with <|im_start|> / <|im_end|> taken from the tokenizer's own special tokens. Trained tokens are
+each assistant message's content and its <|im_end|>; everything else (system, user, the role
+headers, the newline after <|im_end|>) is labelled -100. A conversation is cut to seq_len tokens;
+one with no trained token left is skipped.
+
+Rows (same dict as packing.py: input_ids, labels, positions, document_ids; [S] each):
+  greedy    conversations in order; one never spans two rows: when the next does not fit, the
+            row is padded and closed
+  best_fit  up to BEST_FIT_OPEN_ROWS rows stay open; each conversation goes into the open row it
+            fills best; when none has room the fullest row is emitted (less padding than greedy)
+  padding   one conversation per row
+Every conversation is its own document (attention masked, positions from 0); padding is one more
+segment with labels -100. State (source position + open rows) resumes exactly, as in packing.py.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from torchtitan_ablate.components.data.datasets import TextDocuments
+from torchtitan_ablate.components.data.packing import IGNORE_INDEX, segment_positions
+from torchtitan_ablate.components.tokenizer import Tokenizer
+
+SFT_PACKING_MODES = ("greedy", "best_fit", "padding")
+BEST_FIT_OPEN_ROWS = 16
+Conversation = tuple[list[int], list[bool]]  # tokens, trained (is an assistant token)
+
+
+def special_token_id(tokenizer: Tokenizer, name: str) -> int:
+    """The id of special token `name` as the tokenizer's files define it; ValueError if absent."""
+    specials = getattr(tokenizer, "special_tokens", None) or {}
+    if name in specials:
+        return specials[name]
+    sp = getattr(tokenizer, "sp", None)  # sentencepiece: user-defined pieces
+    if sp is not None and sp.piece_to_id(name) != sp.unk_id():
+        return sp.piece_to_id(name)
+    raise ValueError(
+        f"the tokenizer ({type(tokenizer).__name__}) defines no special token {name}; the chat "
+        "dataset needs <|im_start|> and <|im_end|> (Qwen's tokenizer.json has them)"
+    )
+
+
+class ChatRenderer:
+    """Messages -> (tokens, trained mask) in Qwen's chat format."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.im_start = special_token_id(tokenizer, "<|im_start|>")
+        self.im_end = special_token_id(tokenizer, "<|im_end|>")
+        self.newline = tokenizer.encode("\n")
+
+    def __call__(self, messages: list[dict[str, str]]) -> Conversation:
+        tokens: list[int] = []
+        mask: list[bool] = []
+        for m in messages:
+            header = [self.im_start] + self.tokenizer.encode(m["role"] + "\n")
+            body = self.tokenizer.encode(m["content"]) + [self.im_end]
+            trained = m["role"] == "assistant"
+            tokens += header + body + self.newline
+            mask += [False] * len(header) + [trained] * len(body) + [False] * len(self.newline)
+        return tokens, mask
+
+
+class ChatDocuments(TextDocuments):
+    """Conversations from .jsonl files as (tokens, mask); sharded and resumable as TextDocuments
+    (same state: file, byte offset, line, document index)."""
+
+    def __init__(self, files: list[Path], tokenizer: Tokenizer, seq_len: int) -> None:
+        bad = [str(f) for f in files if f.suffix != ".jsonl"]
+        if bad:
+            raise ValueError(f"dataset 'chat' reads .jsonl files only, got {bad[:3]}")
+        super().__init__(files, tokenizer)
+        self.render = ChatRenderer(tokenizer)
+        self.seq_len = seq_len
+
+    def __iter__(self) -> Iterator[Conversation]:
+        while True:
+            fresh_epoch, yielded = self.file_idx == 0 and self.offset == 0, False
+            while self.file_idx < len(self.files):
+                path = self.files[self.file_idx]
+                for raw, first_line, last_line, end in self._raw_docs(path):
+                    mine = self.doc_idx % self.num_shards == self.shard
+                    self.doc_idx, self.offset, self.line_no = self.doc_idx + 1, end, last_line
+                    if not mine:
+                        continue
+                    tokens, mask = self.render(_messages(path, raw, first_line))
+                    tokens, mask = tokens[: self.seq_len], mask[: self.seq_len]
+                    if any(mask[1:]):  # at least one trained label
+                        yielded = True
+                        yield tokens, mask
+                self.file_idx, self.offset, self.line_no = self.file_idx + 1, 0, 0
+            if fresh_epoch and not yielded:
+                raise ValueError(
+                    f"chat dataset {self.files[0]}{' ...' if len(self.files) > 1 else ''}: shard "
+                    f"{self.shard} of {self.num_shards} got no conversation with an assistant "
+                    f"token out of {self.doc_idx}"
+                )
+            self.epoch, self.file_idx, self.doc_idx = self.epoch + 1, 0, 0
+
+
+def _messages(path: Path, raw: bytes, line_no: int) -> list[dict[str, str]]:
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}:{line_no}: not a valid UTF-8 JSON line ({e})") from e
+    messages = record.get("messages") if isinstance(record, dict) else None
+    ok = isinstance(messages, list) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages
+    )
+    if not ok or not messages:
+        raise ValueError(
+            f'{path}:{line_no}: expected {{"messages": [{{"role": str, "content": str}}, ...]}}'
+        )
+    return messages
+
+
+def build_row(convs: list[Conversation], seq_len: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """One row from conversations whose lengths sum to <= seq_len (label t = token t + 1 when
+    that token is trained, inside the same conversation)."""
+    input_ids = torch.full((seq_len,), pad_id, dtype=torch.long)
+    labels = torch.full((seq_len,), IGNORE_INDEX, dtype=torch.long)
+    doc_ids = torch.full((seq_len,), len(convs), dtype=torch.long)  # padding: the last segment
+    start = 0
+    for d, (tokens, mask) in enumerate(convs):
+        n = len(tokens)
+        t = torch.tensor(tokens, dtype=torch.long)
+        input_ids[start : start + n] = t
+        trained = torch.tensor(mask[1:], dtype=torch.bool)
+        labels[start : start + n - 1] = torch.where(trained, t[1:], IGNORE_INDEX)
+        doc_ids[start : start + n] = d
+        start += n
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "positions": segment_positions(doc_ids),
+        "document_ids": doc_ids,
+    }
+
+
+class SFTDataset(IterableDataset):
+    """Packs conversations into rows (greedy / best_fit / padding); stateful."""
+
+    def __init__(
+        self,
+        source: ChatDocuments,
+        seq_len: int,
+        packing: str,
+        pad_id: int,
+        dp_rank: int,
+        dp_world_size: int,
+    ) -> None:
+        if packing not in SFT_PACKING_MODES:
+            raise ValueError(f"training.packing={packing!r}; chat needs one of {SFT_PACKING_MODES}")
+        self.source, self.seq_len, self.packing, self.pad_id = source, seq_len, packing, pad_id
+        self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
+        self.open_rows: list[list[Conversation]] = []  # conversations read but not yet emitted
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info else (1, 0)
+        self.source.set_shard(self.dp_rank * workers + worker, self.dp_world_size * workers)
+        max_open = {"padding": 0, "greedy": 1, "best_fit": BEST_FIT_OPEN_ROWS}[self.packing]
+        for conv in self.source:
+            # State is updated before every yield: the emitted row is gone, `conv` is held.
+            row = self._place(conv, max_open)
+            if row is not None:
+                yield build_row(row, self.seq_len, self.pad_id)
+            full = [r for r in self.open_rows if self._room(r) == 0]
+            for r in full:
+                self.open_rows.remove(r)
+                yield build_row(r, self.seq_len, self.pad_id)
+
+    def _room(self, row: list[Conversation]) -> int:
+        return self.seq_len - sum(len(tokens) for tokens, _ in row)
+
+    def _place(self, conv: Conversation, max_open: int) -> list[Conversation] | None:
+        """Puts `conv` into an open row (best fit); returns a row to emit if one must make way."""
+        if max_open == 0:
+            return [conv]
+        fits = [r for r in self.open_rows if self._room(r) >= len(conv[0])]
+        if fits:
+            min(fits, key=self._room).append(conv)
+            return None
+        emitted = None
+        if len(self.open_rows) == max_open:
+            emitted = min(self.open_rows, key=self._room)  # the fullest row
+            self.open_rows.remove(emitted)
+        self.open_rows.append([conv])
+        return emitted
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source.state_dict(),
+            "open_rows": [[(list(t), list(m)) for t, m in r] for r in self.open_rows],
+            "dp": [self.dp_rank, self.dp_world_size],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if list(state["dp"]) != [self.dp_rank, self.dp_world_size]:
+            warnings.warn(
+                f"chat data state saved as dp rank/world {state['dp']} is loaded as "
+                f"{[self.dp_rank, self.dp_world_size]}: the data order will not resume exactly",
+                stacklevel=2,
+            )
+        self.source.load_state_dict(state["source"])
+        self.open_rows = [[(list(t), list(m)) for t, m in r] for r in state["open_rows"]]
