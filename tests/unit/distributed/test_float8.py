@@ -20,6 +20,7 @@ from torchtitan_ablate.distributed.float8 import (
     float8_post_optimizer_step,
 )
 from torchtitan_ablate.models.common.experts import GroupedExperts
+from torchtitan_ablate.models.common.output_head import OutputHead
 from torchtitan_ablate.models.qwen3.args import qwen3_flavors
 from torchtitan_ablate.models.qwen3.model import Qwen3Model
 
@@ -56,8 +57,8 @@ def test_converts_linears_and_skips_filtered():
     expected = {f"layers.{i}.attention.{w}" for i in (0, 1) for w in ("wq", "wk", "wv", "wo")}
     expected |= {f"layers.0.feed_forward.{w}" for w in ("w1", "w2", "w3")}
     assert f8 == expected
-    assert type(model.output) is nn.Linear and type(model.layers["1"].moe.router.gate) is nn.Linear
-    # Tied embeddings survive (output stays a plain Linear sharing the embedding weight).
+    assert type(model.output) is OutputHead and type(model.layers["1"].moe.router.gate) is nn.Linear
+    # Tied embeddings survive (output stays high precision, sharing the embedding weight).
     assert model.output.weight is model.tok_embeddings.weight
 
 
