@@ -102,7 +102,14 @@ class TextDocuments:
     def set_shard(self, shard: int, num_shards: int) -> None:
         self.shard, self.num_shards = shard, num_shards
 
-    def __iter__(self) -> Iterator[list[int]]:
+    # What an item is and what a shard without any is called; the chat dataset overrides both.
+    empty_item_name = "non-empty document"
+
+    def _to_item(self, path: Path, raw: bytes, first_line: int) -> list[int] | None:
+        """This shard's raw document as an item to yield, or None to skip it."""
+        return self.tokenizer.encode(_decode(path, raw, first_line)) or None
+
+    def __iter__(self) -> Iterator:
         while True:
             fresh_epoch, yielded = self.file_idx == 0 and self.offset == 0, False
             while self.file_idx < len(self.files):
@@ -111,16 +118,16 @@ class TextDocuments:
                     mine = self.doc_idx % self.num_shards == self.shard
                     self.doc_idx, self.offset, self.line_no = self.doc_idx + 1, end, last_line
                     if mine:  # only this shard's documents are decoded and tokenized
-                        tokens = self.tokenizer.encode(_decode(path, raw, first_line))
-                        if tokens:
+                        item = self._to_item(path, raw, first_line)
+                        if item is not None:
                             yielded = True
-                            yield tokens
+                            yield item
                 self.file_idx, self.offset, self.line_no = self.file_idx + 1, 0, 0
             if fresh_epoch and not yielded:  # else this shard would loop forever, yielding nothing
                 raise ValueError(
                     f"dataset {self.files[0]}{' ...' if len(self.files) > 1 else ''}: shard "
                     f"{self.shard} of {self.num_shards} (dp ranks x loader workers) got no "
-                    f"non-empty document out of {self.doc_idx}"
+                    f"{self.empty_item_name} out of {self.doc_idx}"
                 )
             self.epoch, self.file_idx, self.doc_idx = self.epoch + 1, 0, 0
 

@@ -86,29 +86,12 @@ class ChatDocuments(TextDocuments):
         self.render = ChatRenderer(tokenizer)
         self.seq_len = seq_len
 
-    def __iter__(self) -> Iterator[Conversation]:
-        while True:
-            fresh_epoch, yielded = self.file_idx == 0 and self.offset == 0, False
-            while self.file_idx < len(self.files):
-                path = self.files[self.file_idx]
-                for raw, first_line, last_line, end in self._raw_docs(path):
-                    mine = self.doc_idx % self.num_shards == self.shard
-                    self.doc_idx, self.offset, self.line_no = self.doc_idx + 1, end, last_line
-                    if not mine:
-                        continue
-                    tokens, mask = self.render(_messages(path, raw, first_line))
-                    tokens, mask = tokens[: self.seq_len], mask[: self.seq_len]
-                    if any(mask[1:]):  # at least one trained label
-                        yielded = True
-                        yield tokens, mask
-                self.file_idx, self.offset, self.line_no = self.file_idx + 1, 0, 0
-            if fresh_epoch and not yielded:
-                raise ValueError(
-                    f"chat dataset {self.files[0]}{' ...' if len(self.files) > 1 else ''}: shard "
-                    f"{self.shard} of {self.num_shards} got no conversation with an assistant "
-                    f"token out of {self.doc_idx}"
-                )
-            self.epoch, self.file_idx, self.doc_idx = self.epoch + 1, 0, 0
+    empty_item_name = "conversation with an assistant token"
+
+    def _to_item(self, path: Path, raw: bytes, first_line: int) -> Conversation | None:
+        tokens, mask = self.render(_messages(path, raw, first_line))
+        tokens, mask = tokens[: self.seq_len], mask[: self.seq_len]
+        return (tokens, mask) if any(mask[1:]) else None  # at least one trained label
 
 
 def _messages(path: Path, raw: bytes, line_no: int) -> list[dict[str, str]]:
