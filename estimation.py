@@ -1,4 +1,6 @@
-"""Per-GPU peak-memory estimate without a GPU: `python estimation.py --job.config_file X`."""
+"""Per-GPU peak-memory estimate without a GPU: `python estimation.py --job.config_file X`
+[--memory_estimation.world_size N] [--memory_estimation.device_memory_gib G]
+[--memory_estimation.output estimate.json] [any --section.key value]."""
 
 from torchtitan_ablate.config import run_main
 from torchtitan_ablate.memory import estimate_main

@@ -1,0 +1,107 @@
+"""The memory estimator: runs for every layout, writes its JSON, refuses bad input, and agrees
+with real CPU runs measured by the same tracker."""
+
+import glob
+import json
+import subprocess
+import sys
+
+import pytest
+
+from torchtitan_ablate.config import ConfigError, load_config
+from torchtitan_ablate.memory import estimate, estimate_main
+from torchtitan_ablate.memory.validate import measure_cpu
+
+SMALL = ["--training.seq_len", "64", "--training.local_batch_size", "2"]
+DENSE = ["--job.config_file", "train_configs/debug_model.toml", *SMALL]
+MOE = ["--job.config_file", "train_configs/qwen3_moe_debug.toml", *SMALL]
+
+
+def _config(base: list[str], world_size: int, *extra: str):
+    return load_config([*base, "--memory_estimation.world_size", str(world_size), *extra])
+
+
+@pytest.mark.parametrize(
+    "base, world_size, extra",
+    [
+        (DENSE, 4, []),
+        (DENSE, 2, ["--activation_checkpoint.mode", "full"]),
+        (DENSE, 2, ["--activation_checkpoint.mode", "selective"]),
+        (DENSE, 2, ["--context_parallel_degree_placeholder"]),
+        (DENSE, 2, ["--float8.enable", "true"]),
+        (MOE, 2, ["--parallelism.expert_parallel_degree", "2"]),
+        (DENSE, 4, ["--parallelism.data_parallel_replicate_degree", "2"]),
+    ],
+    ids=["fsdp4", "ac_full", "ac_selective", "cp2", "float8", "ep2", "hsdp"],
+)
+def test_estimate_runs(base, world_size, extra):
+    if extra == ["--context_parallel_degree_placeholder"]:
+        extra = ["--parallelism.context_parallel_degree", "2"]
+    est = estimate(_config(base, world_size, *extra))
+    cats = est["by_category"]
+    assert est["peak_gib"] > 0 and cats["parameters"] > 0 and cats["optimizer_states"] > 0
+    assert abs(sum(cats.values()) - est["peak_gib"]) < 1e-6
+
+
+def test_ac_full_saves_activation_memory():
+    none = estimate(_config(DENSE, 2))
+    full = estimate(_config(DENSE, 2, "--activation_checkpoint.mode", "full"))
+    assert full["by_category"]["activations"] < none["by_category"]["activations"]
+
+
+def test_ep_imbalance_raises_the_busiest_rank():
+    ep = ["--parallelism.expert_parallel_degree", "2"]
+    base = estimate(_config(MOE, 2, *ep))
+    skewed = estimate(_config(MOE, 2, *ep, "--memory_estimation.ep_imbalance", "2"))
+    assert skewed["peak_bytes"] > base["peak_bytes"]
+    assert "2x" in skewed["ranks"][0]["assumption"]
+
+
+def test_json_schema(tmp_path, capsys):
+    out = tmp_path / "est.json"
+    estimate_main(_config(DENSE, 2, "--memory_estimation.output", str(out)))
+    doc = json.loads(out.read_text())
+    for key in ("world_size", "device_memory_gib", "peak_gib", "fits", "by_category", "ranks"):
+        assert key in doc
+    assert doc["world_size"] == 2 and doc["fits"] is True
+    assert "fits in 80 GiB" in capsys.readouterr().out
+
+
+def test_does_not_fit_suggests_knobs(capsys):
+    estimate_main(_config(DENSE, 1, "--memory_estimation.device_memory_gib", "0.52"))
+    out = capsys.readouterr().out
+    assert "does not fit" in out and "try --activation_checkpoint.mode full" in out
+
+
+def test_bad_input_is_one_line_exit_2():
+    cmd = [sys.executable, "estimation.py", *DENSE, "--memory_estimation.world_size", "3"]
+    cmd += ["--parallelism.context_parallel_degree", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "context_parallel_degree" in proc.stderr
+
+
+def test_unsupported_option_is_a_config_error():
+    with pytest.raises(ConfigError, match="fsdp_cpu_offload"):
+        estimate(_config(DENSE, 2, "--parallelism.fsdp_cpu_offload", "true"))
+
+
+@pytest.mark.parametrize(
+    "base, extra",
+    [(DENSE, []), (MOE, ["--parallelism.expert_parallel_degree", "2"])],
+    ids=["fsdp2_dense", "ep2_moe"],
+)
+def test_estimate_matches_real_cpu_ranks(base, extra):
+    config = _config(base, 2, *extra)
+    predicted = estimate(config, target="cpu")["peak_bytes"]
+    measured = [peak for peak, _ in measure_cpu(config, 2)]
+    for peak in measured:
+        assert abs(predicted / peak - 1) < 0.02, (predicted, measured)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("toml", sorted(glob.glob("train_configs/*.toml")))
+def test_shipped_tomls_estimate(toml):
+    config = load_config(["--job.config_file", toml, "--memory_estimation.world_size", "16"])
+    est = estimate(config)
+    assert est["peak_gib"] > 0

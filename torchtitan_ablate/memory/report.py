@@ -1,0 +1,134 @@
+"""The estimate as a table, a verdict with the cheapest knobs that would fit, and JSON."""
+
+import json
+import os
+
+from torchtitan_ablate.config import JobConfig
+
+LABELS = {
+    "parameters": "parameters (sharded)",
+    "buffers": "buffers",
+    "optimizer_states": "optimizer states",
+    "unsharded_parameters": "parameters (all-gathered)",
+    "gradients": "gradients",
+    "activations": "activations",
+    "temporaries": "temporaries",
+    "communication": "communication buffers",
+    "inputs": "inputs",
+}
+
+
+def device_memory_gib(config: JobConfig) -> float:
+    """memory_estimation.device_memory_gib, else the visible GPU's, else 80."""
+    g = config.memory_estimation.device_memory_gib
+    if g > 0:
+        return g
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / 1024**3
+    return 80.0
+
+
+def required_gib(est: dict) -> float:
+    return est["peak_gib"] + est["context_gib"]
+
+
+def verdict(est: dict, device_gib: float) -> tuple[bool, str]:
+    need = required_gib(est)
+    if need <= device_gib:
+        headroom = 100 * (1 - need / device_gib)
+        return True, f"fits in {device_gib:g} GiB with {headroom:.0f}% headroom"
+    return False, f"does not fit in {device_gib:g} GiB (needs {need:.1f} GiB)"
+
+
+def candidate_knobs(config: JobConfig, world_size: int) -> list[tuple[str, dict]]:
+    """Cheapest changes first: (description, {section.key: value})."""
+    p, t = config.parallelism, config.training
+    out = []
+    if config.activation_checkpoint.mode != "full":
+        out.append(("--activation_checkpoint.mode full", {"activation_checkpoint.mode": "full"}))
+    if p.fsdp_reshard_after_forward == "never":
+        out.append(
+            (
+                "--parallelism.fsdp_reshard_after_forward default",
+                {"parallelism.fsdp_reshard_after_forward": "default"},
+            )
+        )
+    if p.data_parallel_replicate_degree > 1:
+        out.append(
+            (
+                "--parallelism.data_parallel_replicate_degree 1 (shard over every rank)",
+                {"parallelism.data_parallel_replicate_degree": 1},
+            )
+        )
+    if t.local_batch_size > 1:
+        half = t.local_batch_size // 2
+        out.append(
+            (
+                f"--training.local_batch_size {half} (keep global_batch_size: grad accumulation)",
+                {"training.local_batch_size": half},
+            )
+        )
+    out.append(
+        (
+            f"--memory_estimation.world_size {2 * world_size} (twice the GPUs: larger shard)",
+            {"memory_estimation.world_size": 2 * world_size},
+        )
+    )
+    return out
+
+
+def apply_overrides(config: JobConfig, overrides: dict) -> JobConfig:
+    import copy
+
+    cfg = copy.deepcopy(config)
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        setattr(getattr(cfg, section), name, value)
+    return cfg
+
+
+def format_report(est: dict, device_gib: float, fits: bool, line: str, tried: list) -> str:
+    rows = [
+        f"Memory estimate, rank 0 of {est['world_size']} ({est['parallel_dims']}; "
+        f"grad accumulation {est['grad_accum']}), target {est['target']}",
+        f"{'category':<28}{'GiB at peak':>12}",
+    ]
+    for key, gib in est["by_category"].items():
+        rows.append(f"{LABELS[key]:<28}{gib:>12.2f}")
+    rows.append(f"{'peak (allocated)':<28}{est['peak_gib']:>12.2f}   at {est['peak_where']}")
+    rows.append(f"{'CUDA context + NCCL':<28}{est['context_gib']:>12.2f}   (constant)")
+    rows.append(f"{'total':<28}{required_gib(est):>12.2f}")
+    rows.append("top modules by activation memory (saved at the end of forward):")
+    for m in est["top_modules"]:
+        rows.append(f"  {m['module']:<40}{m['gib']:>8.3f} GiB")
+    for r in est["ranks"]:
+        rows.append(f"assumption: {r['assumption']}")
+    rows += [f"note: {n}" for n in est["notes"]]
+    if fits:
+        rows.append(f"verdict: {line}")
+    else:
+        tries = "; ".join(
+            f"{desc} -> {gib:.1f} GiB" if gib is not None else desc for desc, gib in tried
+        )
+        rows.append(f"verdict: {line}: try {tries}")
+    return "\n".join(rows)
+
+
+def write_json(path: str, est: dict, device_gib: float, fits: bool, tried: list) -> None:
+    doc = {
+        "world_size": est["world_size"],
+        "device_memory_gib": device_gib,
+        "peak_gib": required_gib(est),
+        "fits": fits,
+        "by_category": {**est["by_category"], "cuda_context_nccl": est["context_gib"]},
+        "ranks": est["ranks"],
+        "allocated_peak_gib": est["peak_gib"],
+        "top_modules": est["top_modules"],
+        "notes": est["notes"],
+        "suggestions": [{"change": d, "peak_gib": g} for d, g in tried],
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)

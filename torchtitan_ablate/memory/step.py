@@ -1,0 +1,116 @@
+"""One tracked training step on the trainer's own build path (fake or real tensors alike).
+
+`tracked_step` runs, in the current process group: build_parallel_dims -> check_model ->
+build_meshes -> build_model (meta build, parallelize_qwen3, to_empty, init) -> build_optimizer /
+build_lr_scheduler -> train.train_step on synthetic micro-batches of the configured shape, with
+a MemoryTracker around the step only (so weight init is never counted). The estimator calls it
+under a fake process group and FakeTensorMode; the validation calls it on real gloo ranks.
+
+Steady state: the optimizer state is created before tracking (one step on zero gradients), so
+the tracked step is the one every later step repeats, with Adam's moments already resident.
+"""
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler
+from torchtitan_ablate.components.optimizer import build_optimizer
+from torchtitan_ablate.config import ConfigError, JobConfig
+from torchtitan_ablate.distributed.context_parallel import cp_shard_batch
+from torchtitan_ablate.distributed.parallel_dims import ParallelDims
+from torchtitan_ablate.memory.tracker import MemoryTracker
+from torchtitan_ablate.models.common.experts import GroupedExperts
+from torchtitan_ablate.train import (
+    build_loss_fn,
+    build_model,
+    build_model_args,
+    build_parallel_dims,
+    num_microbatches,
+    train_step,
+)
+
+
+@dataclass
+class StepResult:
+    tracker: MemoryTracker
+    parallel_dims: ParallelDims
+    grad_accum: int
+    n_params: int
+
+
+def synthetic_batches(
+    config: JobConfig, pd: ParallelDims, vocab_size: int, n: int, device: torch.device
+) -> list[dict]:
+    """n micro-batches [local_batch_size, seq_len] as the loader yields them (every packing mode
+    yields document_ids and positions), then this rank's CP slice."""
+    b, s = config.training.local_batch_size, config.training.seq_len
+    batches = []
+    for _ in range(n):
+        batch = {
+            "input_ids": torch.randint(0, vocab_size, (b, s), device=device),
+            "labels": torch.randint(0, vocab_size, (b, s), device=device),
+            "positions": torch.arange(s, device=device).repeat(b, 1),
+            "document_ids": torch.zeros(b, s, dtype=torch.int64, device=device),
+        }
+        if pd.cp_enabled:
+            batch = cp_shard_batch(batch, pd.mesh("cp"))
+        batches.append(batch)
+    return batches
+
+
+def tracked_step(
+    config: JobConfig,
+    world_size: int,
+    device: torch.device,
+    optimizer_device_type: str,
+    round_bytes: int = 1,
+    grouped_mm: bool | None = None,
+    tensor_mode: AbstractContextManager | None = None,
+) -> StepResult:
+    """Builds the run exactly as the trainer does and tracks one steady-state step.
+
+    tensor_mode: entered once the meshes exist (FakeTensorMode for the estimate: DeviceMesh
+    needs real rank tensors).
+    """
+    pd = build_parallel_dims(config, world_size)
+    model_args = build_model_args(config)
+    try:
+        pd.check_model(model_args.num_experts, config.training.seq_len)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    grad_accum = num_microbatches(config, pd.dp)
+    pd.build_meshes(device.type)
+    torch.manual_seed(config.training.seed)
+
+    with tensor_mode or nullcontext():
+        model = build_model(config, pd, model_args, device)
+        if grouped_mm is not None:
+            for m in model.modules():
+                if isinstance(m, GroupedExperts):
+                    m.force_grouped_mm = grouped_mm
+        optimizer = build_optimizer([model], config.optimizer, optimizer_device_type)
+        lr_scheduler = build_lr_scheduler(optimizer, config.lr_scheduler, config.training.steps)
+        loss_fn = build_loss_fn(config)
+        _create_optimizer_state(model, optimizer)
+
+        batches = synthetic_batches(config, pd, model_args.vocab_size, grad_accum, device)
+        tracker = MemoryTracker(round_bytes)
+        tracker.track_model(model, optimizer)
+        tracker.track_inputs(batches)
+        with tracker:
+            train_step(
+                model, optimizer, lr_scheduler, pd, batches, config.training.max_norm, loss_fn
+            )
+    n_params = sum(p.numel() for p in model.parameters())
+    return StepResult(tracker, pd, grad_accum, n_params)
+
+
+@torch.no_grad()
+def _create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)

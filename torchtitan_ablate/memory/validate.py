@@ -1,0 +1,101 @@
+"""Measured peaks to check the estimator against: real CPU ranks (gloo) and, when present, CUDA.
+
+`measure_cpu(config, world_size)` runs the estimator's own tracked step (step.py) on real
+tensors in `world_size` gloo processes, with the same forced routing, and returns each rank's
+tracked peak: the fake-free reference for the CPU estimate (`estimate(config, target="cpu")`).
+
+`measure_cuda(config)` runs two real training steps on one GPU and returns
+torch.cuda.max_memory_allocated() of the second (steady state: optimizer state resident), the
+reference for the CUDA estimate. It needs a GPU and is not run on CPU machines.
+"""
+
+import copy
+import os
+import tempfile
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from torchtitan_ablate.config import JobConfig
+from torchtitan_ablate.memory.estimate import prepare_config
+from torchtitan_ablate.memory.routing import forced_routing
+from torchtitan_ablate.memory.step import tracked_step
+
+
+def _cpu_rank(rank: int, world_size: int, store_path: str, config: JobConfig, out) -> None:
+    torch.set_num_threads(1)
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(minutes=5)
+    )
+    try:
+        with forced_routing(1.0):
+            result = tracked_step(config, world_size, torch.device("cpu"), "cpu")
+        out.put((rank, result.tracker.peak, dict(result.tracker.peak_by_category)))
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def measure_cpu(config: JobConfig, world_size: int) -> list[tuple[int, dict]]:
+    """[(peak bytes, bytes by category)] per rank of a real gloo run of one tracked step."""
+    cfg, _ = prepare_config(config, "cpu")
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store_path = os.path.join(tmp, "store")
+        procs = [
+            ctx.Process(target=_cpu_rank, args=(r, world_size, store_path, cfg, out))
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        results = [out.get(timeout=600) for _ in procs]
+        for p in procs:
+            p.join()
+            if p.exitcode:
+                raise RuntimeError(f"a CPU rank failed with exit code {p.exitcode}")
+    return [(peak, cats) for _, peak, cats in sorted(results)]
+
+
+def measure_cuda(config: JobConfig) -> int:
+    """max_memory_allocated (bytes) of the second of two real training steps on one GPU."""
+    from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler
+    from torchtitan_ablate.components.optimizer import build_optimizer
+    from torchtitan_ablate.distributed import utils as dist_utils
+    from torchtitan_ablate.memory.step import synthetic_batches
+    from torchtitan_ablate.train import (
+        build_loss_fn,
+        build_model,
+        build_model_args,
+        build_parallel_dims,
+        num_microbatches,
+        train_step,
+    )
+
+    cfg = copy.deepcopy(config)
+    cfg.compile.enable = False  # the estimate is of the eager program
+    device = dist_utils.pick_device("cuda")
+    dist_utils.init_distributed(device)
+    try:
+        pd = build_parallel_dims(cfg, 1)
+        args = build_model_args(cfg)
+        n_micro = num_microbatches(cfg, pd.dp)
+        pd.build_meshes("cuda")
+        torch.manual_seed(cfg.training.seed)
+        model = build_model(cfg, pd, args, device)
+        optimizer = build_optimizer([model], cfg.optimizer, "cuda")
+        scheduler = build_lr_scheduler(optimizer, cfg.lr_scheduler, cfg.training.steps)
+        loss_fn = build_loss_fn(cfg)
+        for step in range(2):
+            batches = synthetic_batches(cfg, pd, args.vocab_size, n_micro, device)
+            if step == 1:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            train_step(model, optimizer, scheduler, pd, batches, cfg.training.max_norm, loss_fn)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated()
+    finally:
+        dist_utils.destroy_distributed()
