@@ -150,6 +150,7 @@ def train_step(
     global_tokens = dist_utils.all_reduce_sum(global_tokens.float(), loss_group)
     # Gradients are summed over dp*cp ranks, so the per-rank aux losses are averaged here.
     aux_scale = 1.0 / (len(batches) * pd.dp * pd.cp)
+    model.set_moe_aux_loss_scale(aux_scale)
     ce_total = torch.zeros((), device=device)
     aux_total = torch.zeros((), device=device)
     load_before = model.expert_load()
@@ -161,13 +162,11 @@ def train_step(
         else:
             ce_sum = loss_fn(model(*inputs), batch["labels"])
         ce = ce_sum / global_tokens
-        loss = ce
-        aux = model.moe_aux_loss()
-        if aux is not None:
-            loss = loss + aux * aux_scale
-            aux_total += aux.detach() * aux_scale
-        loss.backward()
+        ce.backward()
         ce_total += ce.detach()
+        aux = model.moe_aux_loss()  # logged only: its gradient rides on each MoE output
+        if aux is not None:
+            aux_total += aux * aux_scale
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = dist_utils.clip_grad_norm_(params, max_norm)
     optimizer.step()

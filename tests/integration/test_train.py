@@ -93,3 +93,16 @@ def test_bad_global_batch_is_a_config_error(tmp_path):
             ["--job.dump_folder", str(tmp_path), "--training.global_batch_size", "12"],
         )
     assert e.value.code == 2
+
+
+def test_moe_aux_loss_with_full_ac_trains_like_no_ac(tmp_path):
+    """The aux-loss gradient rides on each MoE output, so recomputation under full AC gives the
+    same training as no AC (and no longer recomputes all layers at once)."""
+    common = ["--model.flavor", "debugmodel_moe", "--training.steps", "4"]
+    plain = run(tmp_path / "plain", *common)
+    ac = run(tmp_path / "ac", *common, "--activation_checkpoint.mode", "full")
+    assert plain[0]["moe_aux_loss"] > 0
+    for a, b in zip(plain, ac):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+        assert a["moe_aux_loss"] == pytest.approx(b["moe_aux_loss"], rel=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)

@@ -88,8 +88,25 @@ def test_aux_loss_equals_hf_formula() -> None:
     logits_TE = x.reshape(-1, D) @ moe.router.gate.weight.T
     expected = 0.01 * load_balancing_loss_func((logits_TE,), E, TOPK)
     torch.testing.assert_close(moe.aux_loss, expected)
-    assert moe.aux_loss.requires_grad
+    assert not moe.aux_loss.requires_grad  # logged value; the gradient rides on the output
     assert make_moe(coef=0.0)(x) is not None and make_moe(coef=0.0).aux_loss is None
+
+
+def test_aux_loss_gradient_rides_on_the_output() -> None:
+    """Backward through the layer output gives the router exactly the gradient of
+    out + scale * aux, with aux never added to the loss by hand."""
+    moe = make_moe(coef=0.01)
+    moe.aux_loss_scale = 0.5
+    x = x_input()
+    moe(x).sum().backward()
+    got = moe.router.gate.weight.grad.clone()
+    moe.zero_grad()
+    moe.aux_loss_coef = 0.0  # the same layer without the attached aux loss
+    y = moe(x)
+    logits_TE = x.reshape(-1, D) @ moe.router.gate.weight.T
+    aux = 0.01 * load_balancing_loss_func((logits_TE,), E, TOPK)
+    (y.sum() + 0.5 * aux).backward()
+    torch.testing.assert_close(got, moe.router.gate.weight.grad, atol=1e-6, rtol=1e-5)
 
 
 def test_tokens_per_expert_accumulate_and_reset() -> None:

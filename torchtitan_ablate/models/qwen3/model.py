@@ -181,9 +181,16 @@ class Qwen3Model(nn.Module):
         return [block.moe for block in self.layers.values() if block.moe is not None]
 
     def moe_aux_loss(self) -> torch.Tensor | None:
-        """Sum over MoE layers of the last forward's scaled aux loss (in the graph), or None."""
+        """Sum over MoE layers of the last forward's coefficient-scaled aux loss (detached, for
+        logging; its gradient reaches the routers through each layer's output), or None."""
         losses = [moe.aux_loss for moe in self.moe_layers() if moe.aux_loss is not None]
         return torch.stack(losses).sum() if losses else None
+
+    def set_moe_aux_loss_scale(self, scale: float) -> None:
+        """Weight of the aux losses' gradient: 1 / (micro-batches * dp * cp ranks), since the
+        trainer sums gradients over ranks and micro-batches."""
+        for moe in self.moe_layers():
+            moe.aux_loss_scale = scale
 
     def expert_load(self) -> torch.Tensor | None:
         """Tokens routed to each expert since the last reset, [n_moe_layers, E], or None."""
