@@ -95,8 +95,12 @@ def test_estimate_matches_real_cpu_ranks(base, extra):
     config = _config(base, 2, *extra)
     predicted = estimate(config, target="cpu")["peak_bytes"]
     measured = [peak for peak, _ in measure_cpu(config, 2)]
+    # gloo frees a collective's buffers from its background thread, so a rank's real peak can
+    # catch one in-flight buffer more (seen: +3.1% on one rank of a loaded machine). The
+    # estimate is the ordered program: within 2% of the quietest rank, 5% of every rank.
+    assert abs(predicted / min(measured) - 1) < 0.02, (predicted, measured)
     for peak in measured:
-        assert abs(predicted / peak - 1) < 0.02, (predicted, measured)
+        assert abs(predicted / peak - 1) < 0.05, (predicted, measured)
 
 
 @pytest.mark.slow
