@@ -103,6 +103,18 @@ def num_microbatches(config: JobConfig, dp: int) -> int:
     return t.global_batch_size // per_micro
 
 
+def check_layout(config: JobConfig, world_size: int) -> tuple[ParallelDims, Qwen3ModelArgs, int]:
+    """Every check made before anything is built (shared by the trainer, the estimator and the
+    ablation dry run): degrees vs world size, model vs degrees, batch vs data parallel."""
+    pd = build_parallel_dims(config, world_size)
+    model_args = build_model_args(config)
+    try:
+        pd.check_model(model_args.num_experts, config.training.seq_len)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return pd, model_args, num_microbatches(config, pd.dp)
+
+
 def build_model(
     config: JobConfig, parallel_dims: ParallelDims, model_args: Qwen3ModelArgs, device: torch.device
 ) -> Qwen3Model:
@@ -188,13 +200,8 @@ class Trainer:
         self.config = config
         self.device = dist_utils.pick_device(config.training.device)
         world_size = dist_utils.init_distributed(self.device)
-        self.parallel_dims = pd = build_parallel_dims(config, world_size)
-        self.model_args = build_model_args(config)
-        try:
-            pd.check_model(self.model_args.num_experts, config.training.seq_len)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        self.grad_accum = num_microbatches(config, pd.dp)
+        pd, self.model_args, self.grad_accum = check_layout(config, world_size)
+        self.parallel_dims = pd
         pd.build_meshes(self.device.type)
         self.is_writer = torch.distributed.get_rank() == 0
         if self.is_writer:

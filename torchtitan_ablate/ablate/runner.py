@@ -55,15 +55,9 @@ def predict_memory(config: JobConfig, ngpu: int) -> dict[str, Any]:
 
 def check_layout(config: JobConfig, ngpu: int) -> dict[str, Any]:
     """The checks the trainer makes before building anything: mesh, model, batch."""
-    from torchtitan_ablate.train import build_model_args, build_parallel_dims, num_microbatches
+    from torchtitan_ablate.train import check_layout
 
-    pd = build_parallel_dims(config, ngpu)
-    args = build_model_args(config)
-    try:
-        pd.check_model(args.num_experts, config.training.seq_len)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    grad_accum = num_microbatches(config, pd.dp)
+    pd, args, grad_accum = check_layout(config, ngpu)
     global_batch = config.training.local_batch_size * pd.dp * grad_accum
     return {
         "flavor": config.model.flavor,

@@ -17,19 +17,12 @@ import torch
 
 from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler
 from torchtitan_ablate.components.optimizer import build_optimizer
-from torchtitan_ablate.config import ConfigError, JobConfig
+from torchtitan_ablate.config import JobConfig
 from torchtitan_ablate.distributed.context_parallel import cp_shard_batch
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.memory.tracker import MemoryTracker
 from torchtitan_ablate.models.common.experts import GroupedExperts
-from torchtitan_ablate.train import (
-    build_loss_fn,
-    build_model,
-    build_model_args,
-    build_parallel_dims,
-    num_microbatches,
-    train_step,
-)
+from torchtitan_ablate.train import build_loss_fn, build_model, check_layout, train_step
 
 
 @dataclass
@@ -74,13 +67,7 @@ def tracked_step(
     tensor_mode: entered once the meshes exist (FakeTensorMode for the estimate: DeviceMesh
     needs real rank tensors).
     """
-    pd = build_parallel_dims(config, world_size)
-    model_args = build_model_args(config)
-    try:
-        pd.check_model(model_args.num_experts, config.training.seq_len)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    grad_accum = num_microbatches(config, pd.dp)
+    pd, model_args, grad_accum = check_layout(config, world_size)
     pd.build_meshes(device.type)
     torch.manual_seed(config.training.seed)
 

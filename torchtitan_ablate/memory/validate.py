@@ -66,23 +66,14 @@ def measure_cuda(config: JobConfig) -> int:
     from torchtitan_ablate.components.optimizer import build_optimizer
     from torchtitan_ablate.distributed import utils as dist_utils
     from torchtitan_ablate.memory.step import synthetic_batches
-    from torchtitan_ablate.train import (
-        build_loss_fn,
-        build_model,
-        build_model_args,
-        build_parallel_dims,
-        num_microbatches,
-        train_step,
-    )
+    from torchtitan_ablate.train import build_loss_fn, build_model, check_layout, train_step
 
     cfg = copy.deepcopy(config)
     cfg.compile.enable = False  # the estimate is of the eager program
     device = dist_utils.pick_device("cuda")
     dist_utils.init_distributed(device)
     try:
-        pd = build_parallel_dims(cfg, 1)
-        args = build_model_args(cfg)
-        n_micro = num_microbatches(cfg, pd.dp)
+        pd, args, n_micro = check_layout(cfg, 1)
         pd.build_meshes("cuda")
         torch.manual_seed(cfg.training.seed)
         model = build_model(cfg, pd, args, device)
