@@ -24,6 +24,7 @@ from torchtitan_ablate.components.metrics import MetricsLogger
 from torchtitan_ablate.components.optimizer import build_optimizer
 from torchtitan_ablate.components.profiling import CommProfiler
 from torchtitan_ablate.components.tokenizer import build_tokenizer
+from torchtitan_ablate.components.trace_profiler import TraceProfiler
 from torchtitan_ablate.config import ConfigError, JobConfig, run_main, write_config
 from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.distributed.context_parallel import cp_shard_batch
@@ -269,6 +270,10 @@ class Trainer:
             self.is_writer,
             config.training.steps,
         )
+        rank = torch.distributed.get_rank()
+        self.trace_profiler = TraceProfiler(
+            config.profiling, config.job.dump_folder, rank, self.device
+        )
         self.step = 0
         self.stop_requested = False
         n_params = sum(p.numel() for p in model.parameters())
@@ -320,6 +325,7 @@ class Trainer:
             lr = self.lr_scheduler.get_last_lr()[0]
             out = self.train_step(batches)
             self.comm_profiler.step(self.step)
+            self.trace_profiler.step(self.step)
             self.metrics.add_tokens(sum(b["input_ids"].numel() for b in batches), data_time)
             if self.metrics.should_log(self.step, last):
                 records.append(self.metrics.log(self.step, self._reduce(out, lr)))
@@ -331,6 +337,7 @@ class Trainer:
                 break
         gc.enable()
         self.comm_profiler.close()
+        self.trace_profiler.close()
         self.metrics.close()
         return records
 

@@ -106,3 +106,20 @@ def test_moe_aux_loss_with_full_ac_trains_like_no_ac(tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
         assert a["moe_aux_loss"] == pytest.approx(b["moe_aux_loss"], rel=1e-6)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+
+
+def test_profiler_writes_a_trace_every_profile_freq_steps(tmp_path):
+    run(
+        tmp_path,
+        "--training.steps",
+        "4",
+        "--profiling.enable_profiling",
+        "--profiling.profile_freq",
+        "2",
+    )
+    traces = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*_trace.json"))
+    assert traces == [
+        "profile_traces/iteration_2/rank0_trace.json",
+        "profile_traces/iteration_4/rank0_trace.json",
+    ]
+    assert json.loads((tmp_path / traces[0]).read_text())["traceEvents"]

@@ -225,6 +225,16 @@ def validate(config: JobConfig) -> None:
         opt == "op" or (opt.isdigit() and int(opt) >= 1),
         f"activation_checkpoint.selective_ac_option = {opt!r}: 'op' or a positive integer",
     )
+    require(
+        not (config.metrics.comm_profile and config.profiling.enable_profiling),
+        "metrics.comm_profile and profiling.enable_profiling both run torch.profiler, which "
+        "cannot nest: enable one of them",
+    )
+    require(
+        config.profiling.profile_freq >= 2,
+        f"profiling.profile_freq = {config.profiling.profile_freq}: must be >= 2 (one warm-up "
+        "step, then the traced step)",
+    )
     bad = [c for c in config.compile.components if c not in ("model", "loss")]
     require(not bad, f"compile.components = {bad}: allowed are 'model', 'loss'")
 
