@@ -278,6 +278,8 @@ class Trainer:
         self.stop_requested = False
         n_params = sum(p.numel() for p in model.parameters())
         n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        if config.job.description:
+            logger.info(f"job: {config.job.description}")
         logger.info(
             f"model {config.model.flavor}: {n_params:,} parameters ({n_trainable:,} trainable); "
             f"world {world_size} "
