@@ -220,6 +220,12 @@ class Trainer:
                 f"{self.tokenizer.vocab_size} tokens but flavor {config.model.flavor!r} has "
                 f"vocab_size {self.model_args.vocab_size}; set model.vocab_size"
             )
+        if self.tokenizer.vocab_size * 10 < self.model_args.vocab_size:
+            logger.warning(
+                f"tokenizer {config.model.tokenizer_path} has {self.tokenizer.vocab_size} tokens, "
+                f"the model {self.model_args.vocab_size}: for a real run point "
+                "model.tokenizer_path at the model's own tokenizer"
+            )
         self.dataloader = build_dataloader(
             dataset=config.training.dataset,
             dataset_path=config.training.dataset_path,

@@ -208,6 +208,11 @@ def validate(config: JobConfig) -> None:
         f"training.exit_at_step = {t.exit_at_step} needs checkpoint.enable = true (the run "
         "saves there and resumes later) and a step >= 1",
     )
+    require(
+        t.packing != "best_fit" or t.dataset == "chat",
+        f"training.packing = 'best_fit' packs whole conversations (training.dataset = 'chat'); "
+        f"with dataset = {t.dataset!r} use greedy or padding",
+    )
     require(config.optimizer.lr > 0, f"optimizer.lr = {config.optimizer.lr}: must be > 0")
     require(
         config.lr_scheduler.warmup_steps >= 0,

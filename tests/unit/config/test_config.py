@@ -61,6 +61,7 @@ def test_cli_forms_and_types():
         (["--job.config_file", "/nonexistent.toml"], "no such file"),
         (["training.steps"], "cannot read argument"),
         (["--training.steps", "0"], "training.steps = 0"),
+        (["--training.packing", "best_fit"], "packs whole conversations"),
     ],
 )
 def test_bad_input_is_one_clear_error(args, needle):
