@@ -151,17 +151,7 @@ def test_exact_resume(tmp_path: Path, dataset: str, packing: str, num_workers: i
 
 def test_debug_assets_load() -> None:
     tok = build_tokenizer(str(ROOT / "assets" / "tokenizer" / "debug.tiktoken"))
-    dl = build_dataloader(
-        dataset="text",
-        dataset_path=str(ROOT / "assets" / "data"),
-        tokenizer=tok,
-        seq_len=256,
-        local_batch_size=8,
-        packing="greedy",
-        dp_rank=0,
-        dp_world_size=1,
-        seed=0,
-    )
+    dl = loader(ROOT / "assets" / "data", tokenizer=tok, seq_len=256, local_batch_size=8)
     batch = next(iter(dl))
     assert batch["input_ids"].shape == (8, 256) and int(batch["input_ids"].max()) < 2048
     assert (batch["input_ids"] == tok.eos_id).any()

@@ -121,12 +121,17 @@ class PackedDataset(IterableDataset):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if list(state["dp"]) != [self.dp_rank, self.dp_world_size]:
-            warnings.warn(
-                f"data loader state saved as dp rank/world {state['dp']} is loaded as "
-                f"{[self.dp_rank, self.dp_world_size]}: the data order will not resume exactly",
-                stacklevel=2,
-            )
+        warn_if_dp_changed(state["dp"], self.dp_rank, self.dp_world_size)
         self.source.load_state_dict(state["source"])
         self.buffer, self.buffer_docs = list(state["buffer"]), list(state["buffer_docs"])
         self.docs_seen = state["docs_seen"]
+
+
+def warn_if_dp_changed(saved_dp: list[int], dp_rank: int, dp_world_size: int) -> None:
+    """Loader states are per data-parallel rank: another layout cannot resume them exactly."""
+    if list(saved_dp) != [dp_rank, dp_world_size]:
+        warnings.warn(
+            f"data loader state saved as dp rank/world {list(saved_dp)} is loaded as "
+            f"{[dp_rank, dp_world_size]}: the data order will not resume exactly",
+            stacklevel=3,
+        )

@@ -22,7 +22,6 @@ segment with labels -100. State (source position + open rows) resumes exactly, a
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,11 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from torchtitan_ablate.components.data.datasets import TextDocuments
-from torchtitan_ablate.components.data.packing import IGNORE_INDEX, segment_positions
+from torchtitan_ablate.components.data.packing import (
+    IGNORE_INDEX,
+    segment_positions,
+    warn_if_dp_changed,
+)
 from torchtitan_ablate.components.tokenizer import Tokenizer
 
 SFT_PACKING_MODES = ("greedy", "best_fit", "padding")
@@ -193,11 +196,6 @@ class SFTDataset(IterableDataset):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if list(state["dp"]) != [self.dp_rank, self.dp_world_size]:
-            warnings.warn(
-                f"chat data state saved as dp rank/world {state['dp']} is loaded as "
-                f"{[self.dp_rank, self.dp_world_size]}: the data order will not resume exactly",
-                stacklevel=2,
-            )
+        warn_if_dp_changed(state["dp"], self.dp_rank, self.dp_world_size)
         self.source.load_state_dict(state["source"])
         self.open_rows = [[(list(t), list(m)) for t, m in r] for r in state["open_rows"]]
