@@ -166,8 +166,8 @@ def train_step(
     model.set_moe_aux_loss_scale(aux_scale)
     ce_total = torch.zeros((), device=device)
     aux_total = torch.zeros((), device=device)
-    load_before = model.expert_load()
-    load_before = None if load_before is None else load_before.clone()
+    balance_bias = model.args.num_experts > 0 and model.args.moe_bias_update_rate > 0
+    load_before = model.expert_load().clone() if balance_bias else None
     for batch in batches:
         inputs = (batch["input_ids"], batch["positions"], batch["document_ids"])
         if loss_chunk_size > 0:  # the output head returns the loss sum, no full logits
@@ -186,7 +186,7 @@ def train_step(
     float8_post_optimizer_step(model)
     optimizer.zero_grad(set_to_none=True)
     lr_scheduler.step()
-    if model.args.num_experts and model.args.moe_bias_update_rate > 0:
+    if balance_bias:
         # This step's global expert load, so every rank moves its bias the same way.
         step_load = dist_utils.all_reduce_sum(model.expert_load() - load_before, loss_group)
         model.update_expert_bias(step_load)
