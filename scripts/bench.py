@@ -1,15 +1,19 @@
 """Throughput benchmark: N timed training steps after warm-up, one table row per model.
 
     python scripts/bench.py --job.config_file train_configs/qwen3_0.6b.toml [--section.key v ...]
-        [--steps 10] [--warmup 3] [--peer hf] [--peer-compile]
+        [--steps 10] [--warmup 3] [--peer hf] [--peer-compile] [--profile]
 
 Times the engine's own train step (same build path as training) and, with --peer hf,
 Hugging Face transformers' model of the same shape in the same process and the same way
 (bf16 autocast over fp32 weights, AdamW, SDPA, same batches), then prints the ratio.
 Results also go to <job.dump_folder>/bench.json. Run one process per GPU (NGPU=1 here).
+--profile: after timing, profiles 2 engine steps and prints the GPU time by kernel class
+(matmul, attention, elementwise/fused, copies, optimizer, collectives), the top kernels, and the
+share of the window the GPU sat idle (host-bound time).
 """
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -48,14 +52,77 @@ def _time_steps(step_fn, batches, warmup: int, steps: int, device: torch.device)
     return out
 
 
-def bench_engine(config: JobConfig, warmup: int, steps: int) -> tuple[dict, list]:
+def bench_engine(
+    config: JobConfig, warmup: int, steps: int, profile_: bool = False
+) -> tuple[dict, list]:
     trainer = train.Trainer(config)
     data_iter = iter(trainer.dataloader)
     batches = [trainer.next_batches(data_iter)[0] for _ in range(min(4, warmup + steps))]
     result = _time_steps(trainer.train_step, batches, warmup, steps, trainer.device)
+    if profile_:
+        result["profile"] = profile_engine(trainer.train_step, batches, trainer.device)
     tokens = sum(b["input_ids"].numel() for b in batches[0])
     result.update(name="torchtitan_ablate", tokens_per_step=tokens)
     return result, batches
+
+
+KERNEL_CLASSES = (  # first match wins; names as CUDA kernels appear in the profiler
+    ("attention", ("flash", "fmha", "cudnn", "attention", "sdpa")),
+    ("collective", ("nccl",)),
+    ("optimizer", ("adam", "multi_tensor")),
+    ("matmul", ("gemm", "sm90_xmma", "cutlass", "nvjet", "cublas", "_mm_", "matmul")),
+    ("copy/cast", ("copy", "memcpy", "memset", "cat", "fill")),
+    ("triton (fused)", ("triton",)),
+)
+
+
+def _kernel_class(name: str) -> str:
+    lower = name.lower()
+    for cls, keys in KERNEL_CLASSES:
+        if any(k in lower for k in keys):
+            return cls
+    return "other elementwise"
+
+
+def profile_engine(step_fn, batches, device: torch.device, top: int = 20) -> dict:
+    """GPU time by kernel class over 2 steps, and the idle share of the window."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync(device)
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(2):
+            step_fn(batches[i % len(batches)])
+        _sync(device)
+    wall_us = (time.perf_counter() - start) * 1e6
+    per_kernel: dict[str, float] = {}
+    intervals = []
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
+            intervals.append((e.time_range.start, e.time_range.end))
+    from torchtitan_ablate.components.profiling import busy_us
+
+    busy = busy_us(intervals)
+    by_class: dict[str, float] = {}
+    for name, us in per_kernel.items():
+        by_class[_kernel_class(name)] = by_class.get(_kernel_class(name), 0.0) + us
+    total = sum(per_kernel.values()) or 1.0
+    print(f"profile: 2 steps, wall {wall_us / 1e3:.1f} ms, GPU busy {100 * busy / wall_us:.1f}%")
+    print("| kernel class | ms / step | share of GPU time |")
+    print("|---|---|---|")
+    for cls, us in sorted(by_class.items(), key=lambda kv: -kv[1]):
+        print(f"| {cls} | {us / 2e3:.2f} | {100 * us / total:.1f}% |")
+    print("| kernel | ms / step | share |")
+    print("|---|---|---|")
+    for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"| {name[:90]} | {us / 2e3:.2f} | {100 * us / total:.1f}% |")
+    return {
+        "wall_ms_per_step": wall_us / 2e3,
+        "gpu_busy_frac": busy / wall_us,
+        "ms_per_step_by_class": {k: v / 2e3 for k, v in by_class.items()},
+    }
 
 
 def bench_hf(config: JobConfig, batches: list, warmup: int, steps: int, compile_: bool) -> dict:
@@ -86,7 +153,12 @@ def bench_hf(config: JobConfig, batches: list, warmup: int, steps: int, compile_
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    result = _time_steps(step, batches, warmup, steps, device)
+    name = f"hf_{cls_name}" + ("_compiled" if compile_ else "")
+    try:
+        result = _time_steps(step, batches, warmup, steps, device)
+    except torch.OutOfMemoryError:
+        print(f"{name}: out of memory at this batch; compare at a smaller local_batch_size")
+        return None
     tokens = sum(b["input_ids"].numel() for b in batches[0])
     result.update(name=f"hf_{cls_name}" + ("_compiled" if compile_ else ""), tokens_per_step=tokens)
     return result
@@ -104,18 +176,23 @@ def main(argv: list[str]) -> list[dict]:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--peer", choices=["hf"], default=None)
     parser.add_argument("--peer-compile", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="kernel-class breakdown")
     args, rest = parser.parse_known_args(argv)
     with exit_on_config_error():
         config = load_config(rest)
-        engine, batches = bench_engine(config, args.warmup, args.steps)
+        engine, batches = bench_engine(config, args.warmup, args.steps, args.profile)
     device = batches[0][0]["input_ids"].device
     flops = train.build_model_args(config).num_flops_per_token(config.training.seq_len)
     peak = device_peak_tflops(device, config.metrics.peak_tflops)
     rows = [_row(engine, flops, peak)]
     if args.peer == "hf":
+        gc.collect()  # the engine's model and optimizer state go before the peer is built
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         hf = bench_hf(config, batches, args.warmup, args.steps, args.peer_compile)
-        rows.append(_row(hf, flops, peak))
-        rows[-1]["engine_speedup"] = rows[0]["tps"] / rows[-1]["tps"]
+        if hf is not None:
+            rows.append(_row(hf, flops, peak))
+            rows[-1]["engine_speedup"] = rows[0]["tps"] / rows[-1]["tps"]
     print("| model | tokens/s/GPU | TFLOP/s | MFU % | step s | active / reserved GiB |")
     print("|---|---|---|---|---|---|")
     for r in rows:
@@ -128,7 +205,7 @@ def main(argv: list[str]) -> list[dict]:
             f"| {r['name']} | {r['tps']:,.0f} | {r['tflops']:.1f} | {r['mfu']:.1f} | "
             f"{r['step_time_s']:.3f} | {mem} |"
         )
-    if args.peer:
+    if len(rows) > 1:
         print(f"engine / {rows[-1]['name']}: {rows[-1]['engine_speedup']:.2f}x tokens/s")
     if torch.distributed.get_rank() == 0:
         os.makedirs(config.job.dump_folder, exist_ok=True)

@@ -1,6 +1,8 @@
 """Token cross-entropy as a sum; the trainer divides by the global count of valid tokens so
 that gradient accumulation and every data-parallel layout give the same gradient."""
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -21,6 +23,29 @@ def num_valid_tokens(labels_BS: torch.Tensor) -> torch.Tensor:
     return (labels_BS != IGNORE_INDEX).sum()
 
 
+def _chunk_loss_and_grad(
+    logits_nV: torch.Tensor, labels_n: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk's CE sum (float32) and d loss / d logits = softmax - one_hot, zero for ignored
+    tokens, in the logits' dtype. Written as reductions and pointwise ops so that, compiled, it
+    is two passes over the chunk's logits with no float32 copy of them."""
+    out_dtype = logits_nV.dtype
+    logits_nV = logits_nV.float()
+    valid_n = labels_n != IGNORE_INDEX
+    target_n = torch.where(valid_n, labels_n, 0)
+    lse_n = torch.logsumexp(logits_nV, dim=-1)
+    target_logit_n = logits_nV.gather(1, target_n.unsqueeze(1)).squeeze(1)
+    loss = ((lse_n - target_logit_n) * valid_n).sum()
+    is_target_nV = torch.arange(logits_nV.shape[1], device=logits_nV.device) == target_n[:, None]
+    grad_nV = torch.exp(logits_nV - lse_n.unsqueeze(1)) - is_target_nV.float()
+    return loss, (grad_nV * valid_n.unsqueeze(1)).to(out_dtype)
+
+
+@functools.cache
+def _compiled_chunk_loss_and_grad():
+    return torch.compile(_chunk_loss_and_grad)
+
+
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """sum CE(h @ W^T, labels) without materialising the [N, V] logits of the whole batch.
 
@@ -33,7 +58,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h_ND, weight_VD, labels_N, chunk_size: int):
+    def forward(ctx, h_ND, weight_VD, labels_N, chunk_size: int, compiled: bool):
+        chunk_fn = _compiled_chunk_loss_and_grad() if compiled else _chunk_loss_and_grad
         n_tokens = h_ND.shape[0]
         loss = torch.zeros((), dtype=torch.float32, device=h_ND.device)
         grad_h_ND = torch.empty_like(h_ND)
@@ -41,17 +67,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, n_tokens, chunk_size):
             h_nD = h_ND[start : start + chunk_size]
             labels_n = labels_N[start : start + chunk_size]
-            logits_nV = (h_nD @ weight_VD.T).float()
-            valid_n = labels_n != IGNORE_INDEX
-            target_n = torch.where(valid_n, labels_n, 0)
-            lse_n = torch.logsumexp(logits_nV, dim=-1)
-            target_logit_n = logits_nV.gather(1, target_n.unsqueeze(1)).squeeze(1)
-            loss += ((lse_n - target_logit_n) * valid_n).sum()
-            # d loss / d logits = softmax - one_hot, zero for ignored tokens.
-            grad_nV = torch.exp(logits_nV - lse_n.unsqueeze(1))
-            grad_nV.scatter_add_(1, target_n.unsqueeze(1), -torch.ones_like(lse_n).unsqueeze(1))
-            grad_nV *= valid_n.unsqueeze(1)
-            grad_nV = grad_nV.to(h_ND.dtype)
+            chunk_loss, grad_nV = chunk_fn(h_nD @ weight_VD.T, labels_n)
+            loss += chunk_loss
             grad_h_ND[start : start + chunk_size] = grad_nV @ weight_VD
             grad_w_VD += (grad_nV.T @ h_nD).float()
         ctx.save_for_backward(grad_h_ND, grad_w_VD.to(weight_VD.dtype))
@@ -60,13 +77,18 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         grad_h_ND, grad_w_VD = ctx.saved_tensors
-        return grad_h_ND * grad_loss.to(grad_h_ND.dtype), grad_w_VD * grad_loss, None, None
+        return grad_h_ND * grad_loss.to(grad_h_ND.dtype), grad_w_VD * grad_loss, None, None, None
 
 
 def chunked_linear_cross_entropy_sum(
-    h_BSD: torch.Tensor, weight_VD: torch.Tensor, labels_BS: torch.Tensor, chunk_size: int
+    h_BSD: torch.Tensor,
+    weight_VD: torch.Tensor,
+    labels_BS: torch.Tensor,
+    chunk_size: int,
+    compiled: bool = False,
 ) -> torch.Tensor:
-    """Same value and gradients as cross_entropy_sum(h @ weight^T, labels), chunk by chunk."""
+    """Same value and gradients as cross_entropy_sum(h @ weight^T, labels), chunk by chunk.
+    compiled: fuse each chunk's softmax and gradient with torch.compile."""
     return _ChunkedLinearCrossEntropy.apply(
-        h_BSD.flatten(0, 1), weight_VD, labels_BS.flatten(0, 1), chunk_size
+        h_BSD.flatten(0, 1), weight_VD, labels_BS.flatten(0, 1), chunk_size, compiled
     )

@@ -35,8 +35,9 @@ class Model:
     """Tokenizer: a tiktoken ranks file, an HF tokenizer.json, a sentencepiece .model, a folder
     holding one of them, or "byte" (byte-level, for tests)."""
 
-    attn_backend: Literal["sdpa", "flex", "varlen", "flash"] = "sdpa"
-    """Attention kernel. flex and varlen honour packed-document boundaries without a dense mask;
+    attn_backend: Literal["auto", "sdpa", "flex", "varlen", "flash"] = "auto"
+    """Attention kernel. auto: flex on CUDA (fastest measured in training, docs/performance.md),
+    sdpa elsewhere. flex and varlen honour packed-document boundaries without a dense mask;
     flash needs the flash-attn package."""
 
     moe_aux_loss_coef: float = -1.0

@@ -38,7 +38,7 @@ def prepare_config(config: JobConfig, target: str) -> tuple[JobConfig, list[str]
         raise ConfigError(
             "parallelism.fsdp_cpu_offload = true is not supported by the memory estimator"
         )
-    if cfg.model.attn_backend != "sdpa" and target == "cpu":
+    if cfg.model.attn_backend not in ("sdpa", "auto") and target == "cpu":
         raise ConfigError(
             f"model.attn_backend = {cfg.model.attn_backend!r}: the CPU estimate (validation) "
             "runs sdpa only"
@@ -51,7 +51,7 @@ def prepare_config(config: JobConfig, target: str) -> tuple[JobConfig, list[str]
                 f"attn_backend {cfg.model.attn_backend!r} modelled as a fused kernel "
                 "(q, k, v, out, lse saved)"
             )
-            cfg.model.attn_backend = "sdpa"
+        cfg.model.attn_backend = "sdpa"
     return cfg, notes
 
 

@@ -21,14 +21,16 @@ def _inputs(dtype, seed=0):
     return h, w, labels
 
 
-@pytest.mark.parametrize("chunk", [1, 5, 13, 26, 100])
-def test_chunked_matches_plain_value_and_grads(chunk):
+@pytest.mark.parametrize(
+    "chunk,compiled", [(1, False), (5, False), (13, False), (26, False), (100, False), (5, True)]
+)
+def test_chunked_matches_plain_value_and_grads(chunk, compiled):
     h, w, labels = _inputs(torch.float32)
     ref = cross_entropy_sum(h @ w.T, labels)
     ref.backward(torch.tensor(0.7))
     ref_gh, ref_gw = h.grad.clone(), w.grad.clone()
     h.grad = w.grad = None
-    got = chunked_linear_cross_entropy_sum(h, w, labels, chunk)
+    got = chunked_linear_cross_entropy_sum(h, w, labels, chunk, compiled=compiled)
     got.backward(torch.tensor(0.7))
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-6)
     torch.testing.assert_close(h.grad, ref_gh, atol=1e-6, rtol=1e-5)

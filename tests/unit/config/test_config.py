@@ -56,7 +56,7 @@ def test_cli_forms_and_types():
         (["--trainig.steps", "3"], "unknown config section [trainig]"),
         (["--training.stepz", "3"], "unknown key 'training.stepz'"),
         (["--training.steps", "three"], "training.steps = 'three' is not valid; expected an int"),
-        (["--model.attn_backend", "foo"], "one of 'sdpa', 'flex', 'varlen', 'flash'"),
+        (["--model.attn_backend", "foo"], "one of 'auto', 'sdpa', 'flex', 'varlen', 'flash'"),
         (["--compile.enable", "yes"], "expected true/false"),
         (["--job.config_file", "/nonexistent.toml"], "no such file"),
         (["training.steps"], "cannot read argument"),

@@ -12,6 +12,10 @@ from torchtitan_ablate.components.loss import chunked_linear_cross_entropy_sum
 
 
 class OutputHead(nn.Linear):
+    # Set by parallelize when compile.components holds "loss": the chunked loss then fuses each
+    # chunk's softmax and gradient (no float32 copy of the chunk's logits).
+    compile_loss: bool = False
+
     def forward(
         self, h_BSD: torch.Tensor, labels_BS: torch.Tensor | None = None, chunk_size: int = 0
     ) -> torch.Tensor:
@@ -19,4 +23,6 @@ class OutputHead(nn.Linear):
         computed chunk_size tokens at a time."""
         if labels_BS is None:
             return super().forward(h_BSD)
-        return chunked_linear_cross_entropy_sum(h_BSD, self.weight, labels_BS, chunk_size)
+        return chunked_linear_cross_entropy_sum(
+            h_BSD, self.weight, labels_BS, chunk_size, compiled=self.compile_loss
+        )

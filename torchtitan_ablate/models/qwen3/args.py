@@ -19,7 +19,7 @@ class Qwen3ModelArgs:
     rope_theta: float = 1e6
     tie_embeddings: bool = False
     max_seq_len: int = 40960
-    attn_backend: str = "sdpa"
+    attn_backend: str = "auto"
     # MoE; num_experts == 0 means dense.
     num_experts: int = 0
     top_k: int = 0

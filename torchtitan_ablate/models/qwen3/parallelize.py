@@ -70,6 +70,9 @@ def parallelize_qwen3(
         apply_ac(model, ac.mode, ac.selective_ac_option)
         logger.info(f"activation checkpointing: {ac.mode} ({ac.selective_ac_option})")
 
+    if job_config.compile.enable and "loss" in job_config.compile.components:
+        model.output.compile_loss = True  # the chunked loss; the plain one is built compiled
+
     if job_config.compile.enable and "model" in job_config.compile.components:
         # MoE blocks read token counts on the host in the CPU expert loop: allow graph breaks.
         apply_compile(model, fullgraph=not model.args.num_experts)

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# GPU measurements for docs/performance.md, grouped by device call (see docs/LOG.md).
+#   source scripts/device_setup.sh; bash scripts/gpu_bench_stage.sh STAGE OUTDIR
+# Every run's full log lands in OUTDIR/<name>.log; the tables are printed at the end.
+set -u
+stage=$1 out=$2
+mkdir -p "$out"
+B="python3 scripts/bench.py --steps 8 --warmup 3"
+q06=train_configs/qwen3_0.6b.toml q17=train_configs/qwen3_1.7b.toml
+run() {  # run NAME TIMEOUT_S CMD...
+  local name=$1 limit=$2; shift 2
+  echo "=== $name: $*" | tee -a "$out/summary.txt"
+  local t0=$SECONDS
+  timeout "$limit" "$@" --job.dump_folder "$out/$name" >"$out/$name.log" 2>&1
+  echo "exit $? after $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
+  grep -E '^\||^profile:|^engine /|out of memory|Error' "$out/$name.log" | grep -v '^| kernel |' \
+    | head -40 >>"$out/summary.txt"
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/summary.txt"
+case $stage in
+a)
+  run q06_profile 200 $B --job.config_file $q06 --profile
+  run q06_chunk_b8_profile 170 $B --job.config_file $q06 --training.local_batch_size 8 \
+    --training.loss_chunk_size 8192 --profile
+  run q06_peer_hf_compiled 220 $B --job.config_file $q06 --peer hf --peer-compile
+  ;;
+b)
+  timeout 240 python3 scripts/bench_attention.py --flavor 0.6B --batch 4 --seq 4096 \
+    2>&1 | tee "$out/attention.log" | grep -E '^\||B=' >>"$out/summary.txt"
+  run q06_varlen 150 $B --job.config_file $q06 --model.attn_backend varlen
+  run q06_flex 150 $B --job.config_file $q06 --model.attn_backend flex
+  run q17_peer_hf_compiled 240 $B --job.config_file $q17 --peer hf --peer-compile
+  ;;
+c)
+  run q06_auto_profile 150 $B --job.config_file $q06 --profile
+  run q06_never 120 $B --job.config_file $q06 --parallelism.fsdp_reshard_after_forward never
+  run q06_b8_plain 150 $B --job.config_file $q06 --training.local_batch_size 8
+  run q06_b8_chunk8192 150 $B --job.config_file $q06 --training.local_batch_size 8 \
+    --training.loss_chunk_size 8192
+  run q06_b8_chunk2048 150 $B --job.config_file $q06 --training.local_batch_size 8 \
+    --training.loss_chunk_size 2048
+  run q17_auto 150 $B --job.config_file $q17
+  run q17_never 120 $B --job.config_file $q17 --parallelism.fsdp_reshard_after_forward never
+  run moe1_profile 200 $B --job.config_file train_configs/qwen3_moe_1gpu.toml --profile
+  run q4_bf16 150 $B --job.config_file train_configs/qwen3_4b_float8.toml --float8.enable false
+  run q4_float8 150 $B --job.config_file train_configs/qwen3_4b_float8.toml
+  ;;
+*) echo "unknown stage $stage"; exit 2 ;;
+esac
+cat "$out/summary.txt"
