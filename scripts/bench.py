@@ -99,7 +99,8 @@ def profile_engine(step_fn, batches, device: torch.device, top: int = 20) -> dic
     per_kernel: dict[str, float] = {}
     intervals = []
     for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
+        # GPU-side user annotations (Optimizer.step#..., FSDP::...) span kernels: not counted.
+        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
             per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
             intervals.append((e.time_range.start, e.time_range.end))
     from torchtitan_ablate.components.profiling import busy_us

@@ -45,6 +45,18 @@ c)
   run q4_bf16 150 $B --job.config_file train_configs/qwen3_4b_float8.toml --float8.enable false
   run q4_float8 150 $B --job.config_file train_configs/qwen3_4b_float8.toml
   ;;
+d)
+  moe=train_configs/qwen3_moe_1gpu.toml q4=train_configs/qwen3_4b_float8.toml
+  never="--parallelism.fsdp_reshard_after_forward never"
+  run moe1_b8_never_profile 150 $B --job.config_file $moe --training.local_batch_size 8 $never --profile
+  run moe1_b4_never 120 $B --job.config_file $moe --training.local_batch_size 4 $never
+  run q4_bf16_exp 120 $B --job.config_file $q4 --float8.enable false
+  run q4_float8_exp 120 $B --job.config_file $q4
+  run q17_b4_chunk_never 120 $B --job.config_file $q17 --training.local_batch_size 4 \
+    --training.loss_chunk_size 8192 $never
+  run q06_b4_peer 200 $B --job.config_file $q06 --training.local_batch_size 4 --peer hf --peer-compile
+  run q17_b2_never_peer 220 $B --job.config_file $q17 $never --peer hf --peer-compile
+  ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac
 cat "$out/summary.txt"

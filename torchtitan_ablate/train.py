@@ -13,7 +13,11 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 
-import torch
+# Before the first CUDA allocation: growable segments instead of fixed blocks, so a run near the
+# memory limit (Qwen3-4B with AdamW on one 80 GB GPU) does not stall on fragmentation retries.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+import torch  # noqa: E402
 
 from torchtitan_ablate.components.checkpoint import CheckpointManager
 from torchtitan_ablate.components.data import build_dataloader
