@@ -57,6 +57,27 @@ d)
   run q06_b4_peer 200 $B --job.config_file $q06 --training.local_batch_size 4 --peer hf --peer-compile
   run q17_b2_never_peer 220 $B --job.config_file $q17 $never --peer hf --peer-compile
   ;;
+e)
+  moe=train_configs/qwen3_moe_1gpu.toml
+  timeout 420 python3 scripts/validate_estimator.py --configs \
+    "$q06 --training.local_batch_size 4" \
+    "$q06 --training.local_batch_size 4 --training.loss_chunk_size 0" \
+    "$q06 --training.local_batch_size 4 --activation_checkpoint.mode full" \
+    "$q06 --training.local_batch_size 4 --activation_checkpoint.mode selective" \
+    "$q06 --training.local_batch_size 2" \
+    "$q06 --training.local_batch_size 4 --training.seq_len 2048" \
+    "$q06 --training.local_batch_size 4 --float8.enable true" \
+    "$q06 --training.local_batch_size 4 --training.packing padding" \
+    "$q17 --training.local_batch_size 2" \
+    "$q17 --training.local_batch_size 2 --activation_checkpoint.mode full" \
+    "$q17 --training.local_batch_size 1 --training.seq_len 8192" \
+    "$moe --training.local_batch_size 2" \
+    "$moe --training.local_batch_size 2 --activation_checkpoint.mode full" \
+    >"$out/validate.log" 2>&1
+  echo "validate exit $?" >>"$out/summary.txt"
+  grep -vE "Warning|warn|^  |^\[" "$out/validate.log" | tail -20 >>"$out/summary.txt"
+  bash scripts/gpu_finetune_check.sh "$out/ft" >>"$out/summary.txt" 2>&1
+  ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac
 cat "$out/summary.txt"

@@ -27,8 +27,25 @@ def _chunk_loss_and_grad(
     logits_nV: torch.Tensor, labels_n: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk's CE sum (float32) and d loss / d logits = softmax - one_hot, zero for ignored
-    tokens, in the logits' dtype. Written as reductions and pointwise ops so that, compiled, it
-    is two passes over the chunk's logits with no float32 copy of them."""
+    tokens, in the logits' dtype. Eager version: in place on one float32 copy of the logits
+    (the matmul output is this function's own), so the chunk costs one float32 buffer."""
+    out_dtype = logits_nV.dtype
+    logits_nV = logits_nV.float()
+    valid_n = labels_n != IGNORE_INDEX
+    target_n = torch.where(valid_n, labels_n, 0).unsqueeze(1)
+    lse_n = torch.logsumexp(logits_nV, dim=-1)
+    loss = ((lse_n - logits_nV.gather(1, target_n).squeeze(1)) * valid_n).sum()
+    grad_nV = logits_nV.sub_(lse_n.unsqueeze(1)).exp_()
+    grad_nV.scatter_add_(1, target_n, torch.full_like(target_n, -1, dtype=grad_nV.dtype))
+    return loss, grad_nV.mul_(valid_n.unsqueeze(1)).to(out_dtype)
+
+
+def _chunk_loss_and_grad_fusable(
+    logits_nV: torch.Tensor, labels_n: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same as pure reductions and pointwise ops (the one-hot as an index comparison, not a
+    scatter), which torch.compile turns into two passes over the chunk's logits with no float32
+    copy of them; eager, it would allocate several float32 temporaries."""
     out_dtype = logits_nV.dtype
     logits_nV = logits_nV.float()
     valid_n = labels_n != IGNORE_INDEX
@@ -43,7 +60,7 @@ def _chunk_loss_and_grad(
 
 @functools.cache
 def _compiled_chunk_loss_and_grad():
-    return torch.compile(_chunk_loss_and_grad)
+    return torch.compile(_chunk_loss_and_grad_fusable)
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):

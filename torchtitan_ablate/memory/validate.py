@@ -85,7 +85,16 @@ def measure_cuda(config: JobConfig) -> int:
             if step == 1:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            train_step(model, optimizer, scheduler, pd, batches, cfg.training.max_norm, loss_fn)
+            train_step(
+                model,
+                optimizer,
+                scheduler,
+                pd,
+                batches,
+                cfg.training.max_norm,
+                loss_fn,
+                cfg.training.loss_chunk_size,
+            )
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated()
     finally:
