@@ -17,7 +17,8 @@ run() {  # run NAME TIMEOUT_S CMD...
     | head -40 >>"$out/summary.txt"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/summary.txt"
-case $stage in
+for st in ${stage//,/ }; do
+case $st in
 a)
   run q06_profile 200 $B --job.config_file $q06 --profile
   run q06_chunk_b8_profile 170 $B --job.config_file $q06 --training.local_batch_size 8 \
@@ -76,8 +77,17 @@ e)
     >"$out/validate.log" 2>&1
   echo "validate exit $?" >>"$out/summary.txt"
   grep -vE "Warning|warn|^  |^\[" "$out/validate.log" | tail -20 >>"$out/summary.txt"
+  ;;
+f)
   bash scripts/gpu_finetune_check.sh "$out/ft" >>"$out/summary.txt" 2>&1
+  rm -rf "$out/ft/hf06"
+  ;;
+gpu_tests)
+  timeout 300 python3 -m pytest -m gpu -q tests >"$out/pytest_gpu.log" 2>&1
+  echo "pytest -m gpu exit $?" >>"$out/summary.txt"
+  tail -15 "$out/pytest_gpu.log" >>"$out/summary.txt"
   ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac
+done
 cat "$out/summary.txt"

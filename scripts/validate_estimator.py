@@ -38,7 +38,15 @@ def main() -> int:
         config = load_config([*argv, "--memory_estimation.world_size", str(world_size)])
         if cuda:
             predicted = estimate(config)["peak_bytes"]
-            measured = measure_cuda(config)
+            leftover = torch.cuda.memory_allocated()
+            try:
+                measured = measure_cuda(config)
+            except torch.OutOfMemoryError:
+                print(f"{spec:<70}{predicted / GIB:>14.4f}{'OOM':>14}")
+                worst = float("inf")
+                continue
+            if leftover:
+                print(f"  ({leftover / GIB:.2f} GiB still allocated before this measurement)")
         else:
             predicted = estimate(config, target="cpu")["peak_bytes"]
             measured = measure_cpu(config, world_size)[0][0]

@@ -27,15 +27,20 @@ def _chunk_loss_and_grad(
     logits_nV: torch.Tensor, labels_n: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk's CE sum (float32) and d loss / d logits = softmax - one_hot, zero for ignored
-    tokens, in the logits' dtype. Eager version: in place on one float32 copy of the logits
-    (the matmul output is this function's own), so the chunk costs one float32 buffer."""
+    tokens, in the logits' dtype. Eager version: everything happens in place on one float32
+    copy of the logits (the matmul output is this function's own), with explicit max/exp/sum
+    rather than logsumexp, whose temporaries differ between devices and the memory estimator."""
     out_dtype = logits_nV.dtype
     logits_nV = logits_nV.float()
     valid_n = labels_n != IGNORE_INDEX
     target_n = torch.where(valid_n, labels_n, 0).unsqueeze(1)
-    lse_n = torch.logsumexp(logits_nV, dim=-1)
-    loss = ((lse_n - logits_nV.gather(1, target_n).squeeze(1)) * valid_n).sum()
-    grad_nV = logits_nV.sub_(lse_n.unsqueeze(1)).exp_()
+    max_n1 = logits_nV.amax(dim=-1, keepdim=True)
+    target_logit_n = logits_nV.gather(1, target_n).squeeze(1)
+    probs_nV = logits_nV.sub_(max_n1).exp_()  # unnormalised
+    sum_n1 = probs_nV.sum(dim=-1, keepdim=True)
+    lse_n = (sum_n1.log() + max_n1).squeeze(1)
+    loss = ((lse_n - target_logit_n) * valid_n).sum()
+    grad_nV = probs_nV.div_(sum_n1)
     grad_nV.scatter_add_(1, target_n, torch.full_like(target_n, -1, dtype=grad_nV.dtype))
     return loss, grad_nV.mul_(valid_n.unsqueeze(1)).to(out_dtype)
 

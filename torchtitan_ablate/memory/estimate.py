@@ -20,6 +20,7 @@ from torchtitan_ablate.memory.fake_env import fake_tensors, fake_world, resolve_
 from torchtitan_ablate.memory.routing import forced_routing
 from torchtitan_ablate.memory.step import tracked_step
 from torchtitan_ablate.memory.tracker import CATEGORIES
+from torchtitan_ablate.models.common.attention import resolve_backend
 from torchtitan_ablate.models.qwen3.parallelize import param_dtype
 
 logger = logging.getLogger("torchtitan_ablate")
@@ -75,7 +76,8 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
         stack.enter_context(fake_world(world_size))
         stack.enter_context(forced_routing(me.ep_imbalance))
         if cuda:
-            stack.enter_context(cuda_model.cuda_attention())
+            native = resolve_backend(config.model.attn_backend, torch.device("cuda")) != "sdpa"
+            stack.enter_context(cuda_model.cuda_attention(native))
         try:
             result = tracked_step(
                 cfg,

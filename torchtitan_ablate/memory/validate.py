@@ -10,6 +10,7 @@ reference for the CUDA estimate. It needs a GPU and is not run on CPU machines.
 """
 
 import copy
+import gc
 import os
 import tempfile
 from datetime import timedelta
@@ -98,4 +99,9 @@ def measure_cuda(config: JobConfig) -> int:
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated()
     finally:
+        # FSDP's hooks hold reference cycles: collect them, or the next config measured in this
+        # process starts with this one's model and optimizer still allocated.
+        model = optimizer = scheduler = batches = None
+        gc.collect()
+        torch.cuda.empty_cache()
         dist_utils.destroy_distributed()
