@@ -53,6 +53,14 @@ def synthetic_batches(
     return batches
 
 
+def reset_dtensor_rng() -> None:
+    """Drop DTensor's process-wide RNG tracker: one made under a fake world or FakeTensorMode
+    (the estimate) holds a fake state that breaks the next real run in the same process."""
+    from torch.distributed.tensor import _random
+
+    _random._rng_tracker = None
+
+
 def tracked_step(
     config: JobConfig,
     world_size: int,
@@ -67,6 +75,7 @@ def tracked_step(
     tensor_mode: entered once the meshes exist (FakeTensorMode for the estimate: DeviceMesh
     needs real rank tensors).
     """
+    reset_dtensor_rng()
     pd, model_args, grad_accum = check_layout(config, world_size)
     pd.build_meshes(device.type)
     torch.manual_seed(config.training.seed)

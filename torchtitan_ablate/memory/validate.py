@@ -66,12 +66,13 @@ def measure_cuda(config: JobConfig) -> int:
     from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler
     from torchtitan_ablate.components.optimizer import build_optimizer
     from torchtitan_ablate.distributed import utils as dist_utils
-    from torchtitan_ablate.memory.step import synthetic_batches
+    from torchtitan_ablate.memory.step import reset_dtensor_rng, synthetic_batches
     from torchtitan_ablate.train import build_loss_fn, build_model, check_layout, train_step
 
     cfg = copy.deepcopy(config)
     cfg.compile.enable = False  # the estimate is of the eager program
     device = dist_utils.pick_device("cuda")
+    reset_dtensor_rng()
     dist_utils.init_distributed(device)
     try:
         pd, args, n_micro = check_layout(cfg, 1)

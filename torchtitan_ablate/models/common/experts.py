@@ -62,9 +62,11 @@ def _loop_experts(w1_EID, w2_EDI, w3_EID, x_RD, num_tokens_per_expert_E) -> torc
 
 def _grouped_mm_experts(w1_EID, w2_EDI, w3_EID, x_RD, num_tokens_per_expert_E) -> torch.Tensor:
     dest_R, offs_E = _padded_layout(num_tokens_per_expert_E, x_RD.shape[0])
-    # Static padded size (R + E * (align - 1)), so no host sync; rows past offs[-1] are ignored
-    # by the kernel and never read back.
+    # Static padded size (R + E * (align - 1), rounded up to the alignment: float8's column-major
+    # copies need 16-byte strides), so no host sync; rows past offs[-1] are ignored by the kernel
+    # and never read back.
     n_padded = x_RD.shape[0] + w1_EID.shape[0] * (GROUP_ALIGN_ROWS - 1)
+    n_padded = -(-n_padded // GROUP_ALIGN_ROWS) * GROUP_ALIGN_ROWS
     x_PD = x_RD.new_zeros(n_padded, x_RD.shape[1]).index_copy(0, dest_R, x_RD)
     gate_PI = torch._grouped_mm(x_PD, w1_EID.transpose(-2, -1), offs=offs_E)
     up_PI = torch._grouped_mm(x_PD, w3_EID.transpose(-2, -1), offs=offs_E)
