@@ -95,6 +95,18 @@ f8)
       "$out/f8_$r/metrics.jsonl" $r >>"$out/summary.txt"
   done
   ;;
+abl1 | abl2)
+  # Ablation issue: the five GPU studies at Qwen3-0.6B (report.md + plots per study).
+  studies="chunked_vs_plain_loss ac_modes compile_on_off"
+  [ "$st" = abl2 ] && studies="packing_vs_padding attention_backends"
+  for s in $studies; do
+    steps=20; [ "$s" = packing_vs_padding ] && steps=30
+    timeout 330 python3 scripts/ablate.py train_configs/ablations/$s.toml --out "$out/$s" \
+      --set training.steps=$steps --timeout 150 >"$out/$s.log" 2>&1
+    echo "$s exit $?" >>"$out/summary.txt"
+    grep -A12 "^| variant" "$out/$s/report.md" | head -14 >>"$out/summary.txt"
+  done
+  ;;
 gpu_tests)
   timeout 300 python3 -m pytest -m gpu -q tests >"$out/pytest_gpu.log" 2>&1
   echo "pytest -m gpu exit $?" >>"$out/summary.txt"
