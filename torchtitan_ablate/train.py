@@ -34,6 +34,7 @@ from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.distributed.context_parallel import cp_shard_batch
 from torchtitan_ablate.distributed.float8 import float8_post_optimizer_step
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
+from torchtitan_ablate.models.common import attention
 from torchtitan_ablate.models.common.lora import init_lora_weights
 from torchtitan_ablate.models.qwen3 import Qwen3Model, Qwen3ModelArgs, qwen3_flavors
 from torchtitan_ablate.models.qwen3.parallelize import parallelize_qwen3
@@ -125,6 +126,9 @@ def build_model(
 ) -> Qwen3Model:
     """The one model-building path (training, estimation, tests): meta build, parallelize,
     materialize on `device`, initialize."""
+    if model_args.attn_backend == "flash" and attention._flash_attn_module() is None:
+        # Here, not inside the first (compiled) forward, where it would surface as a dynamo trace.
+        raise ConfigError(attention.FLASH_MISSING)
     with torch.device("meta"):
         model = Qwen3Model(model_args)
     model = parallelize_qwen3(model, parallel_dims, config, device.type)

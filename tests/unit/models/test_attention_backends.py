@@ -70,6 +70,19 @@ def test_varlen_and_flash_explain_themselves_on_cpu() -> None:
             run("flash", q, k, v)
 
 
+def test_flash_without_the_package_is_a_config_error_at_build() -> None:
+    from torchtitan_ablate.config import ConfigError, load_config
+    from torchtitan_ablate.models.common.attention import _flash_attn_module
+    from torchtitan_ablate.train import build_model, build_model_args, check_layout
+
+    if _flash_attn_module() is not None:
+        pytest.skip("flash-attn is installed")
+    config = load_config(["--model.attn_backend", "flash"])
+    pd, args, _ = check_layout(config, 1)
+    with pytest.raises(ConfigError, match="needs the flash-attn package"):
+        build_model(config, pd, build_model_args(config), torch.device("cpu"))
+
+
 def test_cu_seqlens_from_document_ids() -> None:
     mask = build_attention_mask("varlen", DOCS_BS, B, S, torch.device("cpu"))
     assert mask.cu_seqlens.tolist() == [0, 10, 18, 24, 29, 48]
