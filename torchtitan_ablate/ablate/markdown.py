@@ -75,6 +75,10 @@ def render(plan: dict, rows: list[dict], plots: list[str], out: Path) -> str:
         "",
         "Noise: " + " ".join(report.__doc__.split("\n\n")[1].split()),
         "",
+        "Predicted GiB is the memory estimator's peak for the eager program (estimation.py); "
+        "where compile.enable is on, the measured peak is lower because the compiled blocks "
+        "save fewer intermediates.",
+        "",
     ]
     failed = [r for r in rows if r["error"]]
     if failed:
