@@ -36,6 +36,10 @@ def main(argv: list[str]) -> int:
     print("|---|---|---|---|---|---|")
     ok = True
     for folder in args.runs:
+        if not Path(folder, "metrics.jsonl").is_file():
+            print(f"| {folder} | 0 | - | - | - | NO (no metrics.jsonl: the run failed) |")
+            ok = False
+            continue
         run = losses(folder)
         worst, step = compare(ref, run)
         within = worst <= args.rtol

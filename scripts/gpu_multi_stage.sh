@@ -43,10 +43,12 @@ correct)
   train dense_hsdp2x2 4 dense $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2
   train moe_hsdp2x2_ep2 4 moe $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2 \
     $P.expert_parallel_degree 2
-  python3 scripts/compare_runs.py "$out/dense_ref" "$out"/dense_[a-z]*[0-9]* --rtol "${RTOL:-0.02}" \
-    | tee "$out/compare_dense.md"
-  python3 scripts/compare_runs.py "$out/moe_ref" "$out"/moe_[eh]* --rtol "${RTOL:-0.02}" \
-    | tee "$out/compare_moe.md"
+  # Documents are sharded over dp ranks before packing, so with dp > 1 the packed rows differ
+  # from the 1-GPU run's: expect data noise (~0.5% after 5 steps on CPU) on top of bf16's.
+  for m in dense moe; do
+    runs=$(ls -d "$out/${m}_"*/ | grep -v "/${m}_ref/")
+    python3 scripts/compare_runs.py "$out/${m}_ref" $runs --rtol "${RTOL:-0.02}" | tee "$out/compare_$m.md"
+  done
   ;;
 scaling)
   for w in 1 2 4; do
