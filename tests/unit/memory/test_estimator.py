@@ -54,7 +54,7 @@ def test_chunked_loss_is_estimated_smaller():
     # share of the peak (0.20 GiB plain, 0.16 chunked).
     base = ["--job.config_file", "train_configs/debug_model.toml", "--training.seq_len", "256"]
     base += ["--training.local_batch_size", "8"]
-    plain = estimate(_config(base, 2))
+    plain = estimate(_config(base, 2, "--training.loss_chunk_size", "0"))
     chunked = estimate(_config(base, 2, "--training.loss_chunk_size", "256"))
     assert chunked["peak_bytes"] < plain["peak_bytes"]
 
