@@ -113,12 +113,26 @@ def test_estimate_matches_real_cpu_ranks(base, extra):
         assert abs(predicted / peak - 1) < 0.05, (predicted, measured)
 
 
+INTENDED_WORLD_SIZE = {
+    **dict.fromkeys(
+        ["debug_model", "qwen3_moe_debug", "qwen3_0.6b", "qwen3_0.6b_sft", "qwen3_1.7b"], 1
+    ),
+    **dict.fromkeys(["qwen3_moe_1gpu", "qwen3_4b_float8"], 1),
+    **dict.fromkeys(["qwen3_1.7b_zero2", "qwen3_8b_fsdp", "qwen3_8b_cp", "qwen3_moe_ep"], 8),
+    "qwen3_30b_a3b_lora_ep": 8,
+    **dict.fromkeys(["qwen3_8b_hsdp", "qwen3_30b_a3b"], 16),  # 2 nodes x 8 GPUs
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("toml", sorted(glob.glob("train_configs/*.toml")))
 def test_shipped_tomls_estimate(toml):
-    # Real widths, experts, vocab, sequence and degrees; 4 blocks instead of up to 94 keep the
-    # whole suite inside CI's 15 minutes (per-block memory is the same for every block).
-    args = ["--job.config_file", toml, "--memory_estimation.world_size", "16"]
-    config = load_config(args + ["--model.n_layers", "4"])
+    # At the world size each recipe is written for (its header comment); real widths, experts,
+    # vocab, sequence and degrees; 4 blocks instead of up to 94 keep the whole suite inside CI's
+    # 15 minutes (per-block memory is the same for every block).
+    name = toml.split("/")[-1][: -len(".toml")]
+    assert name in INTENDED_WORLD_SIZE, f"{toml}: add its intended world size to this test"
+    world_size = INTENDED_WORLD_SIZE[name]
+    config = _config(["--job.config_file", toml, "--model.n_layers", "4"], world_size)
     est = estimate(config)
-    assert est["peak_gib"] > 0
+    assert est["peak_gib"] > 0 and est["world_size"] == world_size
