@@ -3,19 +3,23 @@
     python scripts/validate_estimator.py --configs "A.toml --x.y v" "B.toml" [--world_size N]
 
 On a machine with CUDA: the estimator's CUDA estimate (`estimate(config)`) against
-torch.cuda.max_memory_allocated() of the second of two real training steps on one GPU
-(world size 1). Without CUDA: the estimator's CPU estimate (`estimate(config, target="cpu")`)
-against the same tracker on real tensors in `--world_size` gloo processes (rank 0's peak).
+torch.cuda.max_memory_allocated() of the second of two real training steps, on one GPU or, with
+--world_size N, on N GPUs (one NCCL process each; the error is against the largest rank's peak).
+Without CUDA: the estimator's CPU estimate (`estimate(config, target="cpu")`) against the same
+tracker on real tensors in `--world_size` gloo processes (default 2; rank 0's peak).
 Each config is a TOML path followed by optional --section.key value overrides, in one string.
 """
 
 import argparse
+import os
 import shlex
 import sys
 
 import torch
 
-from torchtitan_ablate.config import load_config
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from torchtitan_ablate.config import load_config  # noqa: E402
 from torchtitan_ablate.memory import estimate
 from torchtitan_ablate.memory.validate import measure_cpu, measure_cuda
 
@@ -25,10 +29,12 @@ GIB = 1024**3
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--configs", nargs="+", required=True)
-    parser.add_argument("--world_size", type=int, default=2, help="CPU ranks (no CUDA)")
+    parser.add_argument(
+        "--world_size", type=int, default=None, help="ranks (default: 1 GPU, or 2 CPU ranks)"
+    )
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
-    world_size = 1 if cuda else args.world_size
+    world_size = args.world_size or (1 if cuda else 2)
     print(f"measured by: {'cuda max_memory_allocated' if cuda else 'tracker on real gloo ranks'}")
     print(f"{'config':<70}{'predicted GiB':>14}{'measured GiB':>14}{'error':>9}")
     worst = 0.0
@@ -40,9 +46,12 @@ def main() -> int:
             predicted = estimate(config)["peak_bytes"]
             leftover = torch.cuda.memory_allocated()
             try:
-                measured = measure_cuda(config)
-            except torch.OutOfMemoryError:
-                print(f"{spec:<70}{predicted / GIB:>14.4f}{'OOM':>14}")
+                per_rank = measure_cuda(config, world_size)
+                measured = max(per_rank)
+                if world_size > 1:
+                    print(f"  per rank GiB: {[round(m / GIB, 4) for m in per_rank]}")
+            except (torch.OutOfMemoryError, RuntimeError) as e:  # a spawned rank's OOM too
+                print(f"{spec:<70}{predicted / GIB:>14.4f}{'failed':>14}  {str(e).splitlines()[0]}")
                 worst = float("inf")
                 continue
             if leftover:

@@ -4,9 +4,11 @@
 tensors in `world_size` gloo processes, with the same forced routing, and returns each rank's
 tracked peak: the fake-free reference for the CPU estimate (`estimate(config, target="cpu")`).
 
-`measure_cuda(config)` runs two real training steps on one GPU and returns
-torch.cuda.max_memory_allocated() of the second (steady state: optimizer state resident), the
-reference for the CUDA estimate. It needs a GPU and is not run on CPU machines.
+`measure_cuda(config, world_size)` runs two real training steps (on one GPU in this process, or
+one spawned NCCL process per GPU) and returns each rank's torch.cuda.max_memory_allocated() of
+the second (steady state: optimizer state resident), the reference for the CUDA estimate. It
+needs GPUs and is not run on CPU machines; the rank harness it shares with `measure_cpu`
+(`_spawn_ranks`) is.
 """
 
 import copy
@@ -25,7 +27,7 @@ from torchtitan_ablate.memory.routing import forced_routing
 from torchtitan_ablate.memory.step import tracked_step
 
 
-def _cpu_rank(rank: int, world_size: int, store_path: str, config: JobConfig, out) -> None:
+def _cpu_rank(rank: int, world_size: int, store_path: str, out, config: JobConfig) -> None:
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group(
@@ -34,35 +36,62 @@ def _cpu_rank(rank: int, world_size: int, store_path: str, config: JobConfig, ou
     try:
         with forced_routing(1.0):
             result = tracked_step(config, world_size, torch.device("cpu"), "cpu")
-        out.put((rank, result.tracker.peak, dict(result.tracker.peak_by_category)))
+        out.put((rank, (result.tracker.peak, dict(result.tracker.peak_by_category))))
     finally:
         dist.barrier()
         dist.destroy_process_group()
 
 
-def measure_cpu(config: JobConfig, world_size: int) -> list[tuple[int, dict]]:
-    """[(peak bytes, bytes by category)] per rank of a real gloo run of one tracked step."""
-    cfg, _ = prepare_config(config, "cpu")
+def _cuda_rank(rank: int, world_size: int, store_path: str, out, config: JobConfig) -> None:
+    os.environ["LOCAL_RANK"] = str(rank)  # pick_device's choice of GPU
+    torch.cuda.set_device(rank)
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(
+        "nccl", store=store, rank=rank, world_size=world_size, timeout=timedelta(minutes=5)
+    )
+    out.put((rank, _two_steps_peak(config, world_size)))  # destroys the group
+
+
+def _spawn_ranks(target, world_size: int, config: JobConfig) -> list:
+    """Runs target(rank, world_size, store_path, queue, config) in world_size spawned
+    processes; returns what each rank put on the queue, in rank order."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         store_path = os.path.join(tmp, "store")
         procs = [
-            ctx.Process(target=_cpu_rank, args=(r, world_size, store_path, cfg, out))
+            ctx.Process(target=target, args=(r, world_size, store_path, out, config))
             for r in range(world_size)
         ]
         for p in procs:
             p.start()
-        results = [out.get(timeout=600) for _ in procs]
+        results = [out.get(timeout=900) for _ in procs]
         for p in procs:
             p.join()
             if p.exitcode:
-                raise RuntimeError(f"a CPU rank failed with exit code {p.exitcode}")
-    return [(peak, cats) for _, peak, cats in sorted(results)]
+                raise RuntimeError(f"a rank failed with exit code {p.exitcode}")
+    return [value for _, value in sorted(results, key=lambda r: r[0])]
 
 
-def measure_cuda(config: JobConfig) -> int:
-    """max_memory_allocated (bytes) of the second of two real training steps on one GPU."""
+def measure_cpu(config: JobConfig, world_size: int) -> list[tuple[int, dict]]:
+    """[(peak bytes, bytes by category)] per rank of a real gloo run of one tracked step."""
+    cfg, _ = prepare_config(config, "cpu")
+    return _spawn_ranks(_cpu_rank, world_size, cfg)
+
+
+def measure_cuda(config: JobConfig, world_size: int = 1) -> list[int]:
+    """max_memory_allocated (bytes) per rank of the second of two real training steps: in this
+    process on one GPU, else one spawned process per GPU (NCCL)."""
+    if world_size == 1:
+        return [_two_steps_peak(config, 1)]
+    if torch.cuda.device_count() < world_size:
+        raise RuntimeError(f"{world_size} ranks need {world_size} GPUs; this machine has "
+                           f"{torch.cuda.device_count()}")  # fmt: skip
+    return _spawn_ranks(_cuda_rank, world_size, config)
+
+
+def _two_steps_peak(config: JobConfig, world_size: int) -> int:
+    """This rank's peak over its second real step (steady state: optimizer state resident)."""
     from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler
     from torchtitan_ablate.components.optimizer import build_optimizer
     from torchtitan_ablate.distributed import utils as dist_utils
@@ -73,9 +102,9 @@ def measure_cuda(config: JobConfig) -> int:
     cfg.compile.enable = False  # the estimate is of the eager program
     device = dist_utils.pick_device("cuda")
     reset_dtensor_rng()
-    dist_utils.init_distributed(device)
+    dist_utils.init_distributed(device)  # a no-op when the rank's group already exists
     try:
-        pd, args, n_micro = check_layout(cfg, 1)
+        pd, args, n_micro = check_layout(cfg, world_size)
         pd.build_meshes("cuda")
         torch.manual_seed(cfg.training.seed)
         model = build_model(cfg, pd, args, device)
