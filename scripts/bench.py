@@ -20,11 +20,14 @@ import sys
 import time
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from torchtitan_ablate import train  # noqa: E402
 from torchtitan_ablate.components.metrics import device_peak_tflops  # noqa: E402
+from torchtitan_ablate.components.profiling import busy_us  # noqa: E402
 from torchtitan_ablate.config import JobConfig, exit_on_config_error, load_config  # noqa: E402
 from torchtitan_ablate.distributed import utils as dist_utils  # noqa: E402
 
@@ -86,9 +89,6 @@ def _kernel_class(name: str) -> str:
 
 def profile_engine(step_fn, batches, device: torch.device, top: int = 20) -> dict:
     """GPU time by kernel class over 2 steps, and the idle share of the window."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
     _sync(device)
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -103,8 +103,6 @@ def profile_engine(step_fn, batches, device: torch.device, top: int = 20) -> dic
         if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
             per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
             intervals.append((e.time_range.start, e.time_range.end))
-    from torchtitan_ablate.components.profiling import busy_us
-
     busy = busy_us(intervals)
     by_class: dict[str, float] = {}
     for name, us in per_kernel.items():

@@ -126,7 +126,7 @@ def build_model(
 ) -> Qwen3Model:
     """The one model-building path (training, estimation, tests): meta build, parallelize,
     materialize on `device`, initialize."""
-    if model_args.attn_backend == "flash" and attention._flash_attn_module() is None:
+    if model_args.attn_backend == "flash" and attention.flash_attn_module() is None:
         # Here, not inside the first (compiled) forward, where it would surface as a dynamo trace.
         raise ConfigError(attention.FLASH_MISSING)
     with torch.device("meta"):
@@ -144,11 +144,33 @@ def build_model(
     return model
 
 
-def build_loss_fn(config: JobConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The loss, compiled when asked: fuses the fp32 upcast, log-softmax and gather."""
+LossFn = Callable[[Qwen3Model, dict], torch.Tensor]
+
+
+def build_loss_fn(config: JobConfig) -> LossFn:
+    """loss_fn(model, micro_batch) -> this micro-batch's cross-entropy sum, as configured: the
+    chunked output projection + loss (training.loss_chunk_size > 0: no full logits), else the
+    loss on the logits, compiled when asked (fuses the fp32 upcast, log-softmax and gather).
+    Every caller of train_step (trainer, estimator, its GPU check) gets the same loss this way."""
+    chunk_size = config.training.loss_chunk_size
+
+    def inputs(batch: dict) -> tuple:
+        return batch["input_ids"], batch["positions"], batch["document_ids"]
+
+    if chunk_size > 0:
+
+        def chunked_loss(model: Qwen3Model, batch: dict) -> torch.Tensor:
+            return model(*inputs(batch), labels_BS=batch["labels"], loss_chunk_size=chunk_size)
+
+        return chunked_loss
+    ce = cross_entropy_sum
     if config.compile.enable and "loss" in config.compile.components:
-        return torch.compile(cross_entropy_sum)
-    return cross_entropy_sum
+        ce = torch.compile(cross_entropy_sum)
+
+    def plain_loss(model: Qwen3Model, batch: dict) -> torch.Tensor:
+        return ce(model(*inputs(batch)), batch["labels"])
+
+    return plain_loss
 
 
 def train_step(
@@ -158,8 +180,7 @@ def train_step(
     parallel_dims: ParallelDims,
     batches: list[dict],
     max_norm: float,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_sum,
-    loss_chunk_size: int = 0,
+    loss_fn: LossFn,
 ) -> dict:
     """One optimizer step over this rank's micro-batches (shared with the memory estimator)."""
     pd = parallel_dims
@@ -177,12 +198,7 @@ def train_step(
     balance_bias = model.args.num_experts > 0 and model.args.moe_bias_update_rate > 0
     load_before = model.expert_load().clone() if balance_bias else None
     for batch in batches:
-        inputs = (batch["input_ids"], batch["positions"], batch["document_ids"])
-        if loss_chunk_size > 0:  # the output head returns the loss sum, no full logits
-            ce_sum = model(*inputs, labels_BS=batch["labels"], loss_chunk_size=loss_chunk_size)
-        else:
-            ce_sum = loss_fn(model(*inputs), batch["labels"])
-        ce = ce_sum / global_tokens
+        ce = loss_fn(model, batch) / global_tokens
         ce.backward()
         ce_total += ce.detach()
         aux = model.moe_aux_loss()  # logged only: its gradient rides on each MoE output
@@ -320,7 +336,6 @@ class Trainer:
             batches,
             self.config.training.max_norm,
             self.loss_fn,
-            self.config.training.loss_chunk_size,
         )
 
     def train(self) -> list[dict]:

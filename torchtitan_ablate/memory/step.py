@@ -97,14 +97,7 @@ def tracked_step(
         tracker.track_inputs(batches)
         with tracker:
             train_step(
-                model,
-                optimizer,
-                lr_scheduler,
-                pd,
-                batches,
-                config.training.max_norm,
-                loss_fn,
-                config.training.loss_chunk_size,
+                model, optimizer, lr_scheduler, pd, batches, config.training.max_norm, loss_fn
             )
     n_params = sum(p.numel() for p in model.parameters())
     return StepResult(tracker, pd, grad_accum, n_params)

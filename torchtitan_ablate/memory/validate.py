@@ -84,9 +84,9 @@ def measure_cuda(config: JobConfig, world_size: int = 1) -> list[int]:
     process on one GPU, else one spawned process per GPU (NCCL)."""
     if world_size == 1:
         return [_two_steps_peak(config, 1)]
-    if torch.cuda.device_count() < world_size:
-        raise RuntimeError(f"{world_size} ranks need {world_size} GPUs; this machine has "
-                           f"{torch.cuda.device_count()}")  # fmt: skip
+    n_gpus = torch.cuda.device_count()
+    if n_gpus < world_size:
+        raise RuntimeError(f"{world_size} ranks need {world_size} GPUs; this machine has {n_gpus}")
     return _spawn_ranks(_cuda_rank, world_size, config)
 
 
@@ -116,16 +116,7 @@ def _two_steps_peak(config: JobConfig, world_size: int) -> int:
             if step == 1:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            train_step(
-                model,
-                optimizer,
-                scheduler,
-                pd,
-                batches,
-                cfg.training.max_norm,
-                loss_fn,
-                cfg.training.loss_chunk_size,
-            )
+            train_step(model, optimizer, scheduler, pd, batches, cfg.training.max_norm, loss_fn)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated()
     finally:

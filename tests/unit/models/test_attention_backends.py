@@ -72,10 +72,10 @@ def test_varlen_and_flash_explain_themselves_on_cpu() -> None:
 
 def test_flash_without_the_package_is_a_config_error_at_build() -> None:
     from torchtitan_ablate.config import ConfigError, load_config
-    from torchtitan_ablate.models.common.attention import _flash_attn_module
+    from torchtitan_ablate.models.common.attention import flash_attn_module
     from torchtitan_ablate.train import build_model, build_model_args, check_layout
 
-    if _flash_attn_module() is not None:
+    if flash_attn_module() is not None:
         pytest.skip("flash-attn is installed")
     config = load_config(["--model.attn_backend", "flash"])
     pd, args, _ = check_layout(config, 1)

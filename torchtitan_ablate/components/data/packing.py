@@ -64,10 +64,7 @@ class PackedDataset(IterableDataset):
         self.docs_seen = 0
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        # Loader workers split this rank's documents further; shard = (dp rank, worker).
-        info = get_worker_info()
-        workers, worker = (info.num_workers, info.id) if info else (1, 0)
-        self.source.set_shard(self.dp_rank * workers + worker, self.dp_world_size * workers)
+        shard_for_this_worker(self.source, self.dp_rank, self.dp_world_size)
         rows = self._greedy() if self.packing == "greedy" else self._padding()
         yield from rows
 
@@ -125,6 +122,15 @@ class PackedDataset(IterableDataset):
         self.source.load_state_dict(state["source"])
         self.buffer, self.buffer_docs = list(state["buffer"]), list(state["buffer_docs"])
         self.docs_seen = state["docs_seen"]
+
+
+def shard_for_this_worker(
+    source: SyntheticDocuments | TextDocuments, dp_rank: int, dp_world_size: int
+) -> None:
+    """Loader workers split this rank's documents further: shard = (dp rank, worker)."""
+    info = get_worker_info()
+    workers, worker = (info.num_workers, info.id) if info else (1, 0)
+    source.set_shard(dp_rank * workers + worker, dp_world_size * workers)
 
 
 def warn_if_dp_changed(saved_dp: list[int], dp_rank: int, dp_world_size: int) -> None:

@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset
 
 from torchtitan_ablate.components.data.datasets import TextDocuments
 from torchtitan_ablate.components.data.packing import (
     IGNORE_INDEX,
     segment_positions,
+    shard_for_this_worker,
     warn_if_dp_changed,
 )
 from torchtitan_ablate.components.tokenizer import Tokenizer
@@ -156,9 +157,7 @@ class SFTDataset(IterableDataset):
         self.open_rows: list[list[Conversation]] = []  # conversations read but not yet emitted
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        info = get_worker_info()
-        workers, worker = (info.num_workers, info.id) if info else (1, 0)
-        self.source.set_shard(self.dp_rank * workers + worker, self.dp_world_size * workers)
+        shard_for_this_worker(self.source, self.dp_rank, self.dp_world_size)
         max_open = {"padding": 0, "greedy": 1, "best_fit": BEST_FIT_OPEN_ROWS}[self.packing]
         for conv in self.source:
             # State is updated before every yield: the emitted row is gone, `conv` is held.

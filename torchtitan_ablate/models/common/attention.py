@@ -200,7 +200,8 @@ def _varlen(q_BSHK, k_BSJK, v_BSJK, mask: AttentionMask) -> torch.Tensor:
 
 
 @functools.cache
-def _flash_attn_module():
+def flash_attn_module():
+    """The flash-attn package, or None where it is not installed."""
     try:
         import flash_attn
     except ImportError:
@@ -209,7 +210,7 @@ def _flash_attn_module():
 
 
 def _flash(q_BSHK, k_BSJK, v_BSJK, mask: AttentionMask) -> torch.Tensor:
-    flash_attn = _flash_attn_module()
+    flash_attn = flash_attn_module()
     if flash_attn is None:
         raise RuntimeError(FLASH_MISSING)
     batch, seq_len = q_BSHK.shape[:2]
