@@ -358,11 +358,12 @@ class Trainer:
             self.comm_profiler.step(self.step)
             self.trace_profiler.step(self.step)
             self.metrics.add_tokens(sum(b["input_ids"].numel() for b in batches), data_time)
-            if self.metrics.should_log(self.step, last):
+            log_now = self.metrics.should_log(self.step, last)
+            if log_now:
                 records.append(self.metrics.log(self.step, self._reduce(out, lr)))
             # Agreeing on a SIGTERM costs a collective and a host sync: only on log steps,
             # where the metrics sync anyway (a stop comes at most log_freq steps late).
-            sigterm = self.metrics.should_log(self.step, last) and self._stop_requested_anywhere()
+            sigterm = log_now and self._stop_requested_anywhere()
             stop = self.step == config.training.exit_at_step or sigterm
             self.checkpointer.save(self.step, force=self.step == last or stop)
             if stop and self.step < last:
