@@ -30,7 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed.fsdp import fully_shard  # noqa: F401  (registers torch.ops.fsdp)
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 CATEGORIES = (
@@ -55,6 +55,17 @@ _FSDP_COPY_OUT = torch.ops.fsdp.split_with_sizes_copy.default
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
+    """The storages that hold `t`'s data: a DTensor's local shard, and the inner tensors of
+    wrapper subclasses (torchao's float8 all-gather weights wrap the fp32 shard); a wrapper's
+    own storage is empty, so counting it would drop the parameters from the estimate."""
+    t = _local(t)
+    if not is_traceable_wrapper_subclass(t):
+        return [t.untyped_storage()]
+    names, _ = t.__tensor_flatten__()
+    return [st for name in names for st in _storages(getattr(t, name))]
 
 
 class _Info:
@@ -96,15 +107,18 @@ class MemoryTracker(TorchDispatchMode):
         self._root = model
         self._names = {id(m): n.replace(_WRAPPER, "") for n, m in model.named_modules()}
         for p in model.parameters():
-            self._add(_local(p).untyped_storage(), "parameters")
+            for st in _storages(p):
+                self._add(st, "parameters")
             if p.requires_grad:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
         for b in model.buffers():
-            self._add(_local(b).untyped_storage(), "buffers")
+            for st in _storages(b):
+                self._add(st, "buffers")
         for state in optimizer.state.values():
             for v in state.values():
                 if isinstance(v, torch.Tensor):
-                    self._add(_local(v).untyped_storage(), "optimizer_states")
+                    for st in _storages(v):
+                        self._add(st, "optimizer_states")
 
     def track_inputs(self, batches: list[dict]) -> None:
         for batch in batches:
@@ -171,7 +185,8 @@ class MemoryTracker(TorchDispatchMode):
 
     def _on_grad(self, p: torch.Tensor) -> None:
         if p.grad is not None:
-            self._move(_local(p.grad).untyped_storage(), "gradients")
+            for st in _storages(p.grad):
+                self._move(st, "gradients")
 
     # ---- module boundaries (global hooks) -------------------------------------------------------
 

@@ -59,6 +59,16 @@ def test_chunked_loss_is_estimated_smaller():
     assert chunked["peak_bytes"] < plain["peak_bytes"]
 
 
+def test_float8_all_gather_weights_are_counted():
+    # torchao wraps each fp32 shard in a subclass for the float8 all-gather; the wrapper owns no
+    # storage, so the parameters once vanished from the estimate (4B: 1.5 instead of 15 GiB).
+    float8 = ["--float8.enable", "true", "--float8.enable_fsdp_float8_all_gather", "true"]
+    plain = estimate(_config(DENSE, 2))["by_category"]
+    wrapped = estimate(_config(DENSE, 2, *float8))["by_category"]
+    assert wrapped["parameters"] == plain["parameters"]
+    assert wrapped["optimizer_states"] == plain["optimizer_states"]
+
+
 def test_ep_imbalance_raises_the_busiest_rank():
     ep = ["--parallelism.expert_parallel_degree", "2"]
     base = estimate(_config(MOE, 2, *ep))
