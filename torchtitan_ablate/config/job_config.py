@@ -210,8 +210,9 @@ class Float8:
     enable: bool = False
     """Train Linear layers in float8 (torchao; needs SM89+ GPUs)."""
 
-    recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
-    """torchao float8 scaling recipe."""
+    recipe: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = "tensorwise"
+    """torchao float8 scaling recipe; rowwise_with_gw_hp keeps the weight-gradient GEMM in bf16
+    (more accurate than rowwise, a little slower)."""
 
     enable_fsdp_float8_all_gather: bool = False
     """All-gather FSDP parameters in float8 (tensorwise only)."""

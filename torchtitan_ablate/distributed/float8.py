@@ -4,9 +4,10 @@ It runs first in parallelize_qwen3 because it swaps module types (nn.Linear -> F
 parameter types (expert weights -> a wrapper tensor): expert parallel, AC, compile and FSDP must
 all see the final modules. It works on the meta device, before to_empty/init_weights.
 
-- Linear layers: torchao.float8's Float8Linear with the "tensorwise" or "rowwise" recipe. Names
-  containing one of `float8.filter_fqns` (default: output, router) stay high precision, and so do
-  linears with a dimension that is not a multiple of 16 (float8 GEMMs need 16-aligned operands).
+- Linear layers: torchao.float8's Float8Linear with the "tensorwise", "rowwise" or
+  "rowwise_with_gw_hp" (weight gradient in bf16) recipe. Names containing one of
+  `float8.filter_fqns` (default: output, router) stay high precision, and so do linears with a
+  dimension that is not a multiple of 16 (float8 GEMMs need 16-aligned operands).
 - Routed experts (`float8.moe`): torchao.prototype.moe_training swaps GroupedExperts' w1/w2/w3
   for a wrapper tensor whose torch._grouped_mm runs rowwise float8 grouped GEMMs. Its kernels are
   Triton + torch._scaled_grouped_mm, so this needs CUDA (SM 9.0+) and the rowwise recipe.
@@ -36,6 +37,7 @@ logger = logging.getLogger("torchtitan_ablate")
 # torchao is ABI-stable from 0.17 and 0.18 supports torch >= 2.11, so one version serves the
 # GPU box (torch 2.11) and the CPU machines (torch 2.13); 0.17 has the same API.
 TORCHAO_VERSION = "0.18.0"
+RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao's Float8LinearRecipeName
 ALIGN = 16  # float8 GEMMs need every operand dimension to be a multiple of 16
 MIN_CAPABILITY = (8, 9)  # Ada / Hopper: the first GPUs with float8 tensor cores
 MIN_CAPABILITY_MOE = (9, 0)  # torch._scaled_grouped_mm is built for Hopper and newer
@@ -92,8 +94,8 @@ def float8_post_optimizer_step(model: nn.Module) -> None:
 
 
 def _check_config(config: Float8) -> None:
-    if config.recipe not in ("tensorwise", "rowwise"):
-        raise ValueError(f"float8.recipe = {config.recipe!r}: use 'tensorwise' or 'rowwise'")
+    if config.recipe not in RECIPES:
+        raise ValueError(f"float8.recipe = {config.recipe!r}: use one of {', '.join(RECIPES)}")
     if config.enable_fsdp_float8_all_gather and config.recipe != "tensorwise":
         raise ValueError(
             f"float8.enable_fsdp_float8_all_gather = true needs float8.recipe = 'tensorwise' "

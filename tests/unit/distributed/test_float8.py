@@ -71,7 +71,7 @@ def test_skips_unaligned_and_filter_names():
     assert type(model["odd"]) is nn.Linear and type(model["head"]) is nn.Linear
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
 def test_forward_backward_close_to_high_precision(recipe):
     args = _tiny_args()
     ref, f8 = _build(args, None), _build(args, Float8(enable=True, recipe=recipe))
