@@ -107,6 +107,21 @@ abl1 | abl2)
     grep -A12 "^| variant" "$out/$s/report.md" | head -14 >>"$out/summary.txt"
   done
   ;;
+g)
+  # Session 3, performance issue: chunked vs plain loss with AC full (the loss is then the
+  # largest activation), and float8 on 4B with AC full at batch 4 (matmul-bound, room to spare).
+  q4=train_configs/qwen3_4b_float8.toml full="--activation_checkpoint.mode full"
+  run q06_b8_full_chunk 100 $B --job.config_file $q06 --training.local_batch_size 8 $full
+  run q06_b8_full_plain 100 $B --job.config_file $q06 --training.local_batch_size 8 $full \
+    --training.loss_chunk_size 0
+  run q06_b8_full_plain_eagerloss 100 $B --job.config_file $q06 --training.local_batch_size 8 \
+    $full --training.loss_chunk_size 0 --compile.components model
+  run q4_bf16_full_b4 170 $B --job.config_file $q4 --float8.enable false $full \
+    --training.local_batch_size 4 --profile
+  run q4_tensorwise_full_b4 170 $B --job.config_file $q4 $full --training.local_batch_size 4 --profile
+  run q4_rowwise_full_b4 150 $B --job.config_file $q4 $full --training.local_batch_size 4 \
+    --float8.recipe rowwise --float8.enable_fsdp_float8_all_gather false
+  ;;
 gpu_tests)
   timeout 300 python3 -m pytest -m gpu -q tests >"$out/pytest_gpu.log" 2>&1
   echo "pytest -m gpu exit $?" >>"$out/summary.txt"
