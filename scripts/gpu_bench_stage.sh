@@ -16,6 +16,13 @@ run() {  # run NAME TIMEOUT_S CMD...
   grep -E '^\||^profile:|^engine /|out of memory|Error' "$out/$name.log" | grep -v '^| kernel |' \
     | head -40 >>"$out/summary.txt"
 }
+train() {  # train NAME TIMEOUT_S ARGS...: run_train.sh, then its losses as one line
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" ./run_train.sh --job.dump_folder "$out/$name" "$@" >"$out/$name.log" 2>&1 \
+    || echo "$name failed" >>"$out/summary.txt"
+  python3 -c "import json,sys; print(sys.argv[2], [round(json.loads(l)['loss'],3) for l in open(sys.argv[1])])" \
+    "$out/$name/metrics.jsonl" "$name" >>"$out/summary.txt" 2>&1
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/summary.txt"
 for st in ${stage//,/ }; do
 case $st in
@@ -121,6 +128,25 @@ g)
   run q4_tensorwise_full_b4 170 $B --job.config_file $q4 $full --training.local_batch_size 4 --profile
   run q4_rowwise_full_b4 150 $B --job.config_file $q4 $full --training.local_batch_size 4 \
     --float8.recipe rowwise --float8.enable_fsdp_float8_all_gather false
+  ;;
+h)
+  # Performance issue: float8 vs bf16 over 100 steps on the shipped 4B config; chunked loss
+  # with smaller chunks. Parallelism issue: float8 at step 20 on 1.7B, other recipe and seed.
+  q4=train_configs/qwen3_4b_float8.toml
+  train q4_100_bf16 200 --job.config_file $q4 --training.steps 100 --metrics.log_freq 5 \
+    --float8.enable false
+  train q4_100_tensorwise 200 --job.config_file $q4 --training.steps 100 --metrics.log_freq 5
+  python3 scripts/summarize_runs.py "$out"/q4_100_* >>"$out/summary.txt"
+  run q06_b8_full_chunk4096 100 $B --job.config_file $q06 --training.local_batch_size 8 \
+    --activation_checkpoint.mode full --training.loss_chunk_size 4096
+  run q06_b8_chunk4096 100 $B --job.config_file $q06 --training.local_batch_size 8 \
+    --training.loss_chunk_size 4096
+  run q06_b8_plain_eagerloss 100 $B --job.config_file $q06 --training.local_batch_size 8 \
+    --training.loss_chunk_size 0 --compile.components model
+  f8="--job.config_file $q17 --training.steps 20 --metrics.log_freq 2"
+  train f8_gw_hp 150 $f8 --float8.enable true --float8.recipe rowwise_with_gw_hp
+  train f8_bf16_seed1 150 $f8 --training.seed 1
+  train f8_tensorwise_seed1 150 $f8 --training.seed 1 --float8.enable true
   ;;
 gpu_tests)
   timeout 300 python3 -m pytest -m gpu -q tests >"$out/pytest_gpu.log" 2>&1
