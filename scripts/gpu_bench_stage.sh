@@ -161,6 +161,19 @@ i)
   train big4_tensorwise 200 $q4
   python3 scripts/summarize_runs.py "$out"/big17_*/ "$out"/big4_*/ >>"$out/summary.txt"
   ;;
+j)
+  # Seed spread of the step-20 comparison on 1.7B (non-repeating corpus); MoE with gradient
+  # accumulation (the optimizer step over 3.2B parameters amortised over 4 micro-batches).
+  python3 scripts/make_debug_assets.py --corpus-docs 60000 --corpus-out /tmp/big_corpus.jsonl --seed 7
+  f8="--job.config_file $q17 --training.steps 20 --metrics.log_freq 2"
+  f8="$f8 --training.dataset_path /tmp/big_corpus.jsonl"
+  for seed in 1 2; do
+    train big17_bf16_seed$seed 100 $f8 --training.seed $seed
+    train big17_tensorwise_seed$seed 100 $f8 --training.seed $seed --float8.enable true
+  done
+  run moe1_b2_ga4 130 $B --job.config_file train_configs/qwen3_moe_1gpu.toml \
+    --training.local_batch_size 2 --training.global_batch_size 8
+  ;&
 gpu_tests)
   timeout 300 python3 -m pytest -m gpu -q tests >"$out/pytest_gpu.log" 2>&1
   echo "pytest -m gpu exit $?" >>"$out/summary.txt"
