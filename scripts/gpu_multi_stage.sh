@@ -17,10 +17,10 @@ dense=(--job.config_file train_configs/qwen3_0.6b.toml --model.flavor "${DENSE_F
 moe=(--job.config_file train_configs/qwen3_moe_1gpu.toml --model.flavor "${MOE_FLAVOR:-30B-A3B}"
      --model.n_layers "${MOE_LAYERS:-4}" --model.num_experts "${MOE_EXPERTS:-16}"
      --training.seq_len "${SEQ:-2048}")
-# Local batch 1 and a fixed global batch: every world size sees the same samples per step
-# (gradient accumulation makes up the rest).
+# Local batch 1, a fixed global batch and rows sharding: every world size trains on exactly the
+# same rows per step (gradient accumulation makes up the rest).
 common=(--training.steps "$steps" --training.global_batch_size "$gbs" --training.local_batch_size 1
-        --metrics.log_freq 1
+        --training.data_sharding rows --metrics.log_freq 1
         --lr_scheduler.warmup_steps 5 --checkpoint.enable false --training.loss_chunk_size 0)
 P=--parallelism
 train() {  # train NAME NGPU MODEL_ARRAY_NAME [overrides...]
@@ -43,8 +43,6 @@ correct)
   train dense_hsdp2x2 4 dense $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2
   train moe_hsdp2x2_ep2 4 moe $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2 \
     $P.expert_parallel_degree 2
-  # Documents are sharded over dp ranks before packing, so with dp > 1 the packed rows differ
-  # from the 1-GPU run's: expect data noise (~0.5% after 5 steps on CPU) on top of bf16's.
   for m in dense moe; do
     runs=$(ls -d "$out/${m}_"*/ | grep -v "/${m}_ref/")
     python3 scripts/compare_runs.py "$out/${m}_ref" $runs --rtol "${RTOL:-0.02}" | tee "$out/compare_$m.md"

@@ -262,6 +262,7 @@ class Trainer:
             seed=config.training.seed,
             num_workers=config.training.num_workers,
             pin_memory=self.device.type == "cuda",
+            data_sharding=config.training.data_sharding,
         )
 
         # 2. Model: meta build, parallelize, materialize, initialize.

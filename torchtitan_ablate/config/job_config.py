@@ -73,6 +73,13 @@ class Training:
     not fit); best_fit (chat only): each conversation goes into the open row it fills best
     (fewer padding tokens); padding: one document per row, pad tokens ignored by the loss."""
 
+    data_sharding: Literal["documents", "rows"] = "documents"
+    """How data-parallel ranks split the data (text and synthetic datasets). documents: each
+    rank reads and packs its own documents (torchtitan's way; a step's data depends on the dp
+    degree). rows: every rank reads and packs every document and keeps its slice of each global
+    batch (Megatron's way): the same global batches at any dp degree, so layouts and GPU counts
+    are compared on identical data; tokenization is repeated on every rank and loader worker."""
+
     local_batch_size: int = 8
     """Sequences per micro-batch on each data-parallel rank."""
 

@@ -109,6 +109,35 @@ def test_dp_shards_are_disjoint_and_cover(tmp_path: Path, packing: str) -> None:
     assert set().union(*seen) == set(DOCS)
 
 
+@pytest.mark.parametrize("packing,num_workers", [("greedy", 0), ("padding", 0), ("greedy", 2)])
+def test_rows_sharding_gives_the_same_global_batches(
+    tmp_path: Path, packing: str, num_workers: int
+) -> None:
+    # dp 3 x batch 2 in rows mode: each step's six rows are the 1-rank batch of six, in order.
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS)
+    one = rows(loader(path, packing=packing, local_batch_size=6), 6 * 4)
+    per_rank = [
+        rows(
+            loader(
+                path,
+                packing=packing,
+                local_batch_size=2,
+                dp_rank=rank,
+                dp_world_size=3,
+                data_sharding="rows",
+                num_workers=num_workers,
+            ),
+            2 * 4,
+        )
+        for rank in range(3)
+    ]
+    for step in range(4):
+        got = [row for rank in range(3) for row in per_rank[rank][2 * step : 2 * step + 2]]
+        for want, have in zip(one[6 * step : 6 * step + 6], got, strict=True):
+            for key in want:
+                assert torch.equal(want[key], have[key]), (step, key)
+
+
 def test_synthetic_is_deterministic_and_rank_dependent() -> None:
     a = rows(loader(None, "synthetic", seed=3), 4)
     b = rows(loader(None, "synthetic", seed=3), 4)
@@ -125,17 +154,22 @@ def take(it, n: int) -> list[dict[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize(
-    "dataset,packing,num_workers",
+    "dataset,packing,num_workers,sharding",
     [
-        ("text", "greedy", 0),
-        ("text", "padding", 0),
-        ("synthetic", "greedy", 0),
-        ("text", "greedy", 1),
+        ("text", "greedy", 0, "documents"),
+        ("text", "padding", 0, "documents"),
+        ("synthetic", "greedy", 0, "documents"),
+        ("text", "greedy", 1, "documents"),
+        ("text", "greedy", 0, "rows"),
+        ("synthetic", "padding", 2, "rows"),
     ],
 )
-def test_exact_resume(tmp_path: Path, dataset: str, packing: str, num_workers: int) -> None:
+def test_exact_resume(
+    tmp_path: Path, dataset: str, packing: str, num_workers: int, sharding: str
+) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", DOCS)  # 7 batches span 2 epochs
     kw = dict(packing=packing, num_workers=num_workers, dp_rank=1, dp_world_size=2)
+    kw["data_sharding"] = sharding
     first = loader(path, dataset, **kw)
     it = iter(first)
     take(it, 2)  # saved mid-file in the second epoch
@@ -168,6 +202,8 @@ def test_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         loader(tmp_path, "hf")
     with pytest.raises(ValueError, match="training.packing='best'"):
         loader(tmp_path, packing="best")
+    with pytest.raises(ValueError, match="training.data_sharding='rows' is for text and synth"):
+        loader(tmp_path, "chat", data_sharding="rows")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n\n{"content": "no text"}\n')
     with pytest.raises(ValueError, match=rf"{bad}:3: JSONL line has no string \"text\""):

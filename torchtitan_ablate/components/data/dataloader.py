@@ -37,6 +37,7 @@ def build_dataloader(
     seed: int,
     num_workers: int = 0,
     pin_memory: bool = False,
+    data_sharding: str = "documents",
 ) -> StatefulDataLoader:
     """Build this dp rank's infinite loader. dataset_path: a .txt/.jsonl file or folder (chat:
     .jsonl conversations, see sft.py)."""
@@ -49,6 +50,11 @@ def build_dataloader(
         raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_world_size={dp_world_size})")
     if seq_len < 1 or local_batch_size < 1:
         raise ValueError(f"seq_len={seq_len} and local_batch_size={local_batch_size} must be >= 1")
+    if dataset == "chat" and data_sharding != "documents":
+        raise ValueError(
+            f"training.data_sharding={data_sharding!r} is for text and synthetic data; chat "
+            "(SFT) data is sharded by conversation: use data_sharding = 'documents'"
+        )
     if dataset == "chat":  # SFT: assistant-only labels, conversations kept whole
         chats = ChatDocuments(list_text_files(dataset_path), tokenizer, seq_len)
         rows = SFTDataset(chats, seq_len, packing, tokenizer.pad_id, dp_rank, dp_world_size)
@@ -65,6 +71,8 @@ def build_dataloader(
             pad_id=tokenizer.pad_id,
             dp_rank=dp_rank,
             dp_world_size=dp_world_size,
+            sharding=data_sharding,
+            local_batch_size=local_batch_size,
         )
     # An own generator: iter() would otherwise draw a seed from the global RNG, shifting every
     # random op after a resume (the checkpoint restores the global RNG before iter()).

@@ -14,6 +14,14 @@ greedy   documents are concatenated as d0 EOS d1 EOS ... and cut into windows of
          segment, and positions stay < S.
 padding  one document per row: (doc + EOS) truncated to S + 1 tokens (the rest is dropped), then
          padded with pad_id. Labels past the document are -100; the padding is its own segment.
+
+Data-parallel sharding (training.data_sharding):
+documents  rank r (and each of its loader workers) reads every (dp x workers)-th document and
+           packs only those: cheap, but which rows form a global batch depends on the dp degree.
+rows       every rank packs the whole stream into the global row sequence; global micro-batch m
+           is rows [m * dp * B, (m + 1) * dp * B), of which rank r keeps the contiguous slice
+           [r * B, (r + 1) * B) and loader worker m % workers produces it. The union over ranks is
+           the same rows at any dp degree (a 1-rank run with batch dp * B sees exactly them).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torchtitan_ablate.components.data.datasets import SyntheticDocuments, TextDocuments
 
 PACKING_MODES = ("greedy", "padding")
+SHARDING_MODES = ("documents", "rows")
 IGNORE_INDEX = -100
 
 
@@ -52,21 +61,44 @@ class PackedDataset(IterableDataset):
         pad_id: int,
         dp_rank: int,
         dp_world_size: int,
+        sharding: str = "documents",
+        local_batch_size: int = 1,
     ) -> None:
         if packing not in PACKING_MODES:
             raise ValueError(f"training.packing={packing!r}; expected one of {PACKING_MODES}")
+        if sharding not in SHARDING_MODES:
+            raise ValueError(
+                f"training.data_sharding={sharding!r}; expected one of {SHARDING_MODES}"
+            )
         self.source, self.seq_len, self.packing = source, seq_len, packing
         self.eos_id, self.pad_id = eos_id, pad_id
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
+        self.sharding, self.local_batch_size = sharding, local_batch_size
         # Carry-over of greedy packing: tokens not yet emitted and their running document counter.
         self.buffer: list[int] = []
         self.buffer_docs: list[int] = []
         self.docs_seen = 0
+        self.rows_seen = 0  # rows sharding: index of the next row in the global row sequence
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        shard_for_this_worker(self.source, self.dp_rank, self.dp_world_size)
+        if self.sharding == "rows":
+            self.source.set_shard(0, 1)
+        else:
+            shard_for_this_worker(self.source, self.dp_rank, self.dp_world_size)
         rows = self._greedy() if self.packing == "greedy" else self._padding()
-        yield from rows
+        yield from self._rows_of_this_worker(rows) if self.sharding == "rows" else rows
+
+    def _rows_of_this_worker(self, rows: Iterator[dict]) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info else (1, 0)
+        per_micro_batch = self.dp_world_size * self.local_batch_size
+        for row in rows:
+            index = self.rows_seen
+            self.rows_seen += 1  # before yielding: the state always means "consumed"
+            in_batch = index % per_micro_batch
+            mine = in_batch // self.local_batch_size == self.dp_rank
+            if mine and (index // per_micro_batch) % workers == worker:
+                yield row
 
     def _greedy(self) -> Iterator[dict[str, torch.Tensor]]:
         window = self.seq_len + 1
@@ -114,6 +146,7 @@ class PackedDataset(IterableDataset):
             "buffer": list(self.buffer),
             "buffer_docs": list(self.buffer_docs),
             "docs_seen": self.docs_seen,
+            "rows_seen": self.rows_seen,
             "dp": [self.dp_rank, self.dp_world_size],
         }
 
@@ -122,6 +155,7 @@ class PackedDataset(IterableDataset):
         self.source.load_state_dict(state["source"])
         self.buffer, self.buffer_docs = list(state["buffer"]), list(state["buffer_docs"])
         self.docs_seen = state["docs_seen"]
+        self.rows_seen = state.get("rows_seen", 0)  # absent in checkpoints before it existed
 
 
 def shard_for_this_worker(
