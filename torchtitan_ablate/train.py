@@ -286,6 +286,8 @@ class Trainer:
             initial_load_path=config.checkpoint.initial_load_path,
             initial_load_format=config.checkpoint.initial_load_format,
             load_step=config.checkpoint.load_step,
+            dataloader_state_shared=config.training.data_sharding == "rows"
+            and config.training.num_workers <= 1,
         )
         self.metrics = MetricsLogger(
             config.metrics,

@@ -5,6 +5,8 @@ Layout: `<folder>/step-<N>/` is one DCP checkpoint. Its state dict holds
   - `optimizer` (flattened, FQN-keyed: reshards across N -> M ranks),
   - `lr_scheduler`, `step`, and each extra state the trainer registers (same on every rank),
   - `dataloader.rank<r>` and `rng.rank<r>` (one per rank: each rank's data and RNG differ).
+    A checkpoint of another world size restores neither, except the data loader when its state
+    is the same on every rank (rows sharding): then every rank loads `dataloader.rank0`.
 A save writes `step-<N>.tmp/` and rank 0 renames it to `step-<N>/` only after DCP has written
 `.metadata` on every rank, so a crash mid-save never leaves a `step-<N>` that resume would pick.
 Only `step-<N>` directories holding `.metadata` count as checkpoints; rank 0 removes leftover
@@ -178,7 +180,10 @@ class CheckpointManager:
         initial_load_format: str = "dcp",
         load_step: int = -1,
         states: dict[str, Stateful] | None = None,
+        dataloader_state_shared: bool = False,
     ) -> None:
+        """dataloader_state_shared: the loader's state is the same on every rank at a step
+        boundary (rows sharding, <= 1 worker), so it resumes from rank 0's at any world size."""
         if enable and interval <= 0:
             raise ValueError(f"checkpoint interval must be > 0, got {interval}")
         self.states = dict(states or {})
@@ -198,6 +203,7 @@ class CheckpointManager:
         self.optimizer = OptimizerWrapper(model_parts, optimizers)
         self.lr_schedulers = _Pickled(_SchedulerList(lr_schedulers))
         self.dataloader = dataloader
+        self.dataloader_state_shared = dataloader_state_shared
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         if enable:
@@ -298,13 +304,21 @@ class CheckpointManager:
             states[f"rng.rank{self.rank}"] = _Pickled(RNGState())
             if self.dataloader is not None:
                 states[f"dataloader.rank{self.rank}"] = _Pickled(self.dataloader)
+        elif self.dataloader is not None and self.dataloader_state_shared:
+            states["dataloader.rank0"] = _Pickled(self.dataloader)
         return states
 
     def _load_full(self, path: str, step: int) -> None:
         keys = _saved_keys(path)
         saved_ranks = {int(m.group(1)) for k in keys if (m := re.match(r"rng\.rank(\d+)\.", k))}
         state = {**self.model.state_dict(), **self._states(step, True, saved_ranks)}
-        if f"rng.rank{self.rank}" not in state:
+        if "dataloader.rank0" in state and f"rng.rank{self.rank}" not in state:
+            logger.warning(
+                f"checkpoint {path} was saved by {len(saved_ranks)} ranks, this run has "
+                f"{self.world_size}: the data continues from rank 0's loader state (rows "
+                "sharding); RNG states are not restored"
+            )
+        elif f"rng.rank{self.rank}" not in state:
             logger.warning(
                 f"checkpoint {path} was saved by {len(saved_ranks)} ranks, this run has "
                 f"{self.world_size}: data loader and RNG states are not restored (inexact resume)"

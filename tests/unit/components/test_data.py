@@ -138,6 +138,34 @@ def test_rows_sharding_gives_the_same_global_batches(
                 assert torch.equal(want[key], have[key]), (step, key)
 
 
+@pytest.mark.parametrize("packing", ["greedy", "padding"])
+def test_rows_sharding_state_resumes_at_another_dp(tmp_path: Path, packing: str) -> None:
+    # Save after 2 batches at dp 3 x batch 2, resume rank 0's state at dp 2 x batch 3: the
+    # next global batches are the 1-rank stream's rows 12.. in order.
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS)
+    ref = rows(loader(path, packing=packing, local_batch_size=6), 6 * 4)
+    kw = dict(packing=packing, data_sharding="rows")
+    states = []
+    for rank in range(3):
+        dl = loader(path, local_batch_size=2, dp_rank=rank, dp_world_size=3, **kw)
+        take(iter(dl), 2)
+        states.append(dl.state_dict())
+    for st in states:  # the same on every rank at a batch boundary, but for the rank itself
+        assert st["dataset_state"].pop("dp")[1] == 3
+    assert all(st == states[0] for st in states[1:])
+    states[0]["dataset_state"]["dp"] = [0, 3]
+    resumed = []
+    for rank in range(2):
+        dl = loader(path, local_batch_size=3, dp_rank=rank, dp_world_size=2, **kw)
+        dl.load_state_dict(states[0])
+        resumed.append(rows(dl, 3 * 2))
+    for step in range(2):
+        got = [row for rank in range(2) for row in resumed[rank][3 * step : 3 * step + 3]]
+        for want, have in zip(ref[12 + 6 * step : 18 + 6 * step], got, strict=True):
+            for key in want:
+                assert torch.equal(want[key], have[key]), (step, key)
+
+
 def test_synthetic_is_deterministic_and_rank_dependent() -> None:
     a = rows(loader(None, "synthetic", seed=3), 4)
     b = rows(loader(None, "synthetic", seed=3), 4)

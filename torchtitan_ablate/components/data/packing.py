@@ -96,9 +96,18 @@ class PackedDataset(IterableDataset):
             index = self.rows_seen
             self.rows_seen += 1  # before yielding: the state always means "consumed"
             in_batch = index % per_micro_batch
-            mine = in_batch // self.local_batch_size == self.dp_rank
-            if mine and (index // per_micro_batch) % workers == worker:
-                yield row
+            if in_batch // self.local_batch_size != self.dp_rank:
+                continue
+            if (index // per_micro_batch) % workers != worker:
+                continue
+            if in_batch % self.local_batch_size == self.local_batch_size - 1:
+                # This rank's last row of the micro-batch: pack the other ranks' rows first, so
+                # the state at every batch boundary is the end of a global micro-batch, the same
+                # on every rank (a checkpoint then resumes at any dp degree).
+                while self.rows_seen % per_micro_batch:
+                    next(rows)
+                    self.rows_seen += 1
+            yield row
 
     def _greedy(self) -> Iterator[dict[str, torch.Tensor]]:
         window = self.seq_len + 1
@@ -147,11 +156,21 @@ class PackedDataset(IterableDataset):
             "buffer_docs": list(self.buffer_docs),
             "docs_seen": self.docs_seen,
             "rows_seen": self.rows_seen,
+            "sharding": self.sharding,
             "dp": [self.dp_rank, self.dp_world_size],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        warn_if_dp_changed(state["dp"], self.dp_rank, self.dp_world_size)
+        per_micro_batch = self.dp_world_size * self.local_batch_size
+        if self.sharding != "rows" or state.get("sharding") != "rows":
+            warn_if_dp_changed(state["dp"], self.dp_rank, self.dp_world_size)
+        elif state["rows_seen"] % per_micro_batch:
+            warnings.warn(
+                f"data loader state at global row {state['rows_seen']} is not a batch boundary "
+                f"of dp {self.dp_world_size} x batch {self.local_batch_size}: the data order "
+                "will not resume exactly (keep training.global_batch_size when changing layout)",
+                stacklevel=2,
+            )
         self.source.load_state_dict(state["source"])
         self.buffer, self.buffer_docs = list(state["buffer"]), list(state["buffer_docs"])
         self.docs_seen = state["docs_seen"]
