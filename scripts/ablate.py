@@ -65,6 +65,10 @@ def print_plan(plan: dict) -> None:
     notes = {v["memory"]["note"] for v in plan["variants"] if not v["error"]} - {""}
     for note in sorted(notes):
         print(f"predicted memory {note}")
+    from torchtitan_ablate.ablate.runner import data_note
+
+    if note := data_note(plan["variants"]):
+        print(note)
     for v in plan["variants"]:
         if v["error"]:
             print(f"error: {v['error']}")

@@ -53,6 +53,20 @@ def test_unknown_override_key_names_variant_and_key(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("sharding", ["documents", "rows"])
+def test_plan_says_when_variants_train_on_different_rows(tmp_path, capsys, sharding):
+    # CP 2 on 2 processes leaves dp 1; the other variant has dp 2.
+    path = tmp_path / "cp.toml"
+    path.write_text(
+        '[ablation]\nconfig_file = "train_configs/debug_model.toml"\nngpu = 2\n'
+        f'[overrides]\ntraining.data_sharding = "{sharding}"\n'
+        "[variants.fsdp]\n[variants.cp2]\nparallelism.context_parallel_degree = 2\n"
+    )
+    assert ablate_cli.main([str(path), "--dry-run", "--no-estimate"]) == 0
+    out = capsys.readouterr().out
+    assert ("dp degrees differ (1, 2)" in out) == (sharding == "documents"), out
+
+
 def test_unknown_set_key_is_an_error(capsys):
     path = ROOT / "train_configs" / "ablations" / "ac_modes.toml"
     rc = ablate_cli.main([str(path), "--dry-run", "--no-estimate", "--set", "training.stepz=3"])

@@ -70,7 +70,21 @@ def check_layout(config: JobConfig, ngpu: int) -> dict[str, Any]:
         "tokens_per_step": global_batch * config.training.seq_len,
         "steps": config.training.steps,
         "seed": config.training.seed,
+        "data_sharding": config.training.data_sharding,
     }
+
+
+def data_note(variants: list[dict[str, Any]]) -> str:
+    """Why variants would see different data ("" when they see the same rows per step)."""
+    layouts = [v["layout"] for v in variants if not v.get("error")]
+    dps = sorted({lay["dp"] for lay in layouts})
+    if len(dps) < 2 or all(lay["data_sharding"] == "rows" for lay in layouts):
+        return ""
+    return (
+        f"data: the variants' dp degrees differ ({', '.join(map(str, dps))}) and documents are "
+        "sharded per dp rank, so they train on different rows; add training.data_sharding = "
+        '"rows" to [overrides] to compare them on identical global batches'
+    )
 
 
 def plan_variant(
