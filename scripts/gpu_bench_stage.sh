@@ -179,6 +179,10 @@ gpu_tests)
   echo "pytest -m gpu exit $?" >>"$out/summary.txt"
   tail -15 "$out/pytest_gpu.log" >>"$out/summary.txt"
   ;;
+k)
+  # Next: where the MoE step goes with accumulation (the 40% MFU target).
+  run moe1_ga4_profile 200 $B --job.config_file train_configs/qwen3_moe_1gpu.toml --profile
+  ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac
 done
