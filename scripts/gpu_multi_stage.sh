@@ -32,7 +32,7 @@ case $stage in
 correct)
   train dense_ref 1 dense
   train moe_ref 1 moe
-  for w in 2 4; do
+  for w in ${WORLDS:-2 4}; do  # WORLDS=2 / WORLDS=4 splits the stage over two device calls
     train "dense_fsdp$w" $w dense
     train "dense_fsdp${w}_never" $w dense $P.fsdp_reshard_after_forward never
     train "dense_replicate$w" $w dense $P.data_parallel_replicate_degree $w $P.data_parallel_shard_degree 1
@@ -40,9 +40,11 @@ correct)
     train "dense_fsdp${w}_ac_full" $w dense --activation_checkpoint.mode full
     train "moe_ep$w" $w moe $P.expert_parallel_degree $w
   done
-  train dense_hsdp2x2 4 dense $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2
-  train moe_hsdp2x2_ep2 4 moe $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2 \
-    $P.expert_parallel_degree 2
+  if [[ " ${WORLDS:-2 4} " == *" 4 "* ]]; then
+    train dense_hsdp2x2 4 dense $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2
+    train moe_hsdp2x2_ep2 4 moe $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2 \
+      $P.expert_parallel_degree 2
+  fi
   for m in dense moe; do
     runs=$(ls -d "$out/${m}_"*/ | grep -v "/${m}_ref/")
     python3 scripts/compare_runs.py "$out/${m}_ref" $runs --rtol "${RTOL:-0.02}" | tee "$out/compare_$m.md"
