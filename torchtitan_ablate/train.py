@@ -197,7 +197,10 @@ def train_step(
     aux_total = torch.zeros((), device=device)
     balance_bias = model.args.num_experts > 0 and model.args.moe_bias_update_rate > 0
     load_before = model.expert_load().clone() if balance_bias else None
-    for batch in batches:
+    gather_once = model.fsdp_gather_once_per_step and len(batches) > 1
+    for i, batch in enumerate(batches):
+        if gather_once:  # ZeRO-2 mode: keep the gathered weights until the last backward
+            model.set_reshard_after_backward(i == len(batches) - 1)
         ce = loss_fn(model, batch) / global_tokens
         ce.backward()
         ce_total += ce.detach()

@@ -65,6 +65,9 @@ def apply_fsdp(
     if not tied:
         fully_shard([model.norm, model.output], reshard_after_forward=False, **kwargs)
     fully_shard(model, reshard_after_forward=False, **kwargs)
+    # "never" holds every block's gathered weights at the end of each forward anyway, so keeping
+    # them across the micro-batches of a step costs no peak memory and saves the re-gathers.
+    model.fsdp_gather_once_per_step = reshard_after_forward == "never"
     for module in model.modules():
         if isinstance(module, FSDPModule):
             # Plain SUM collectives (also NCCL's zero-copy path); gloo has no PREMUL_SUM.
