@@ -16,6 +16,12 @@ run() {  # run NAME TIMEOUT_S CMD...
   grep -E '^\||^profile:|^engine /|out of memory|Error' "$out/$name.log" | grep -v '^| kernel |' \
     | head -40 >>"$out/summary.txt"
 }
+# The parallelism issue's float8 check: the shipped 1.7B recipe for 20 steps, loss every 2.
+F8_17="--job.config_file $q17 --training.steps 20 --metrics.log_freq 2"
+BIG="--training.dataset_path /tmp/big_corpus.jsonl"
+big_corpus() {  # the shipped generator's 60,000 documents (4.2M tokens): no repeats in a run
+  python3 scripts/make_debug_assets.py --corpus-docs 60000 --corpus-out /tmp/big_corpus.jsonl --seed 7
+}
 train() {  # train NAME TIMEOUT_S ARGS...: run_train.sh, then its losses as one line
   local name=$1 limit=$2; shift 2
   timeout "$limit" ./run_train.sh --job.dump_folder "$out/$name" "$@" >"$out/$name.log" 2>&1 \
@@ -91,16 +97,11 @@ f)
   ;;
 f8)
   # Parallelism issue: bf16 vs float8 on the shipped Qwen3-1.7B config, 20 steps.
-  for v in "bf16" "tensorwise --float8.enable true" "rowwise --float8.enable true --float8.recipe rowwise"; do
-    set -- $v; name=f8_$1; shift
-    timeout 150 ./run_train.sh --job.config_file $q17 --training.steps 20 --metrics.log_freq 2 \
-      --job.dump_folder "$out/$name" "$@" >"$out/$name.log" 2>&1 || echo "$name failed" >>"$out/summary.txt"
-  done
+  f8=$F8_17
+  train f8_bf16 150 $f8
+  train f8_tensorwise 150 $f8 --float8.enable true
+  train f8_rowwise 150 $f8 --float8.enable true --float8.recipe rowwise
   python3 scripts/summarize_runs.py "$out"/f8_bf16 "$out"/f8_tensorwise "$out"/f8_rowwise >>"$out/summary.txt"
-  for r in bf16 tensorwise rowwise; do
-    python3 -c "import json,sys; print(sys.argv[2], [round(json.loads(l)['loss'],3) for l in open(sys.argv[1])])" \
-      "$out/f8_$r/metrics.jsonl" $r >>"$out/summary.txt"
-  done
   ;;
 abl1 | abl2)
   # Ablation issue: the five GPU studies at Qwen3-0.6B (report.md + plots per study).
@@ -143,7 +144,7 @@ h)
     --training.loss_chunk_size 4096
   run q06_b8_plain_eagerloss 100 $B --job.config_file $q06 --training.local_batch_size 8 \
     --training.loss_chunk_size 0 --compile.components model
-  f8="--job.config_file $q17 --training.steps 20 --metrics.log_freq 2"
+  f8=$F8_17
   train f8_gw_hp 150 $f8 --float8.enable true --float8.recipe rowwise_with_gw_hp
   train f8_bf16_seed1 150 $f8 --training.seed 1
   train f8_tensorwise_seed1 150 $f8 --training.seed 1 --float8.enable true
@@ -151,12 +152,11 @@ h)
 i)
   # Float8 vs bf16 loss on a corpus that does not repeat within the run (the shipped 650
   # documents repeat every ~3 steps, so the runs above compare memorisation).
-  python3 scripts/make_debug_assets.py --corpus-docs 60000 --corpus-out /tmp/big_corpus.jsonl --seed 7
-  big="--training.dataset_path /tmp/big_corpus.jsonl"
-  f8="--job.config_file $q17 --training.steps 20 --metrics.log_freq 2 $big"
+  big_corpus
+  f8="$F8_17 $BIG"
   train big17_bf16 150 $f8
   train big17_tensorwise 150 $f8 --float8.enable true
-  q4="--job.config_file train_configs/qwen3_4b_float8.toml --training.steps 100 --metrics.log_freq 5 $big"
+  q4="--job.config_file train_configs/qwen3_4b_float8.toml --training.steps 100 --metrics.log_freq 5 $BIG"
   train big4_bf16 200 $q4 --float8.enable false
   train big4_tensorwise 200 $q4
   python3 scripts/summarize_runs.py "$out"/big17_*/ "$out"/big4_*/ >>"$out/summary.txt"
@@ -164,9 +164,8 @@ i)
 j)
   # Seed spread of the step-20 comparison on 1.7B (non-repeating corpus); MoE with gradient
   # accumulation (the optimizer step over 3.2B parameters amortised over 4 micro-batches).
-  python3 scripts/make_debug_assets.py --corpus-docs 60000 --corpus-out /tmp/big_corpus.jsonl --seed 7
-  f8="--job.config_file $q17 --training.steps 20 --metrics.log_freq 2"
-  f8="$f8 --training.dataset_path /tmp/big_corpus.jsonl"
+  big_corpus
+  f8="$F8_17 $BIG"
   for seed in 1 2; do
     train big17_bf16_seed$seed 100 $f8 --training.seed $seed
     train big17_tensorwise_seed$seed 100 $f8 --training.seed $seed --float8.enable true

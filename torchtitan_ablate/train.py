@@ -20,7 +20,7 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch  # noqa: E402
 
 from torchtitan_ablate.components.checkpoint import CheckpointManager
-from torchtitan_ablate.components.data import build_dataloader
+from torchtitan_ablate.components.data import build_dataloader, state_same_on_every_rank
 from torchtitan_ablate.components.hf_checkpoint import hf_model_args
 from torchtitan_ablate.components.loss import cross_entropy_sum, num_valid_tokens
 from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler
@@ -289,8 +289,9 @@ class Trainer:
             initial_load_path=config.checkpoint.initial_load_path,
             initial_load_format=config.checkpoint.initial_load_format,
             load_step=config.checkpoint.load_step,
-            dataloader_state_shared=config.training.data_sharding == "rows"
-            and config.training.num_workers <= 1,
+            dataloader_state_shared=state_same_on_every_rank(
+                config.training.data_sharding, config.training.num_workers
+            ),
         )
         self.metrics = MetricsLogger(
             config.metrics,

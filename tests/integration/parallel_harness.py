@@ -61,11 +61,15 @@ def _build_global_slicing_loader(**kw):
     return _GlobalBatchSlice(loader, dp_rank, dp)
 
 
+def build_trainer(dump_folder: str, args: list[str]) -> train.Trainer:
+    """This rank's trainer for BASE + args (with the real data loader unless patched)."""
+    return train.Trainer(load_config(BASE + ["--job.dump_folder", dump_folder] + args))
+
+
 def train_layout(dump_folder: str, args: list[str]) -> dict:
     """Runs on every rank; returns losses and (rank 0) the full fp32 parameters."""
     train.build_dataloader = _build_global_slicing_loader
-    config = load_config(BASE + ["--job.dump_folder", dump_folder] + args)
-    trainer = train.Trainer(config)
+    trainer = build_trainer(dump_folder, args)
     trainer.dataloader.batches_done = lambda: trainer.step * trainer.grad_accum
     records = trainer.train()
     sd = get_model_state_dict(

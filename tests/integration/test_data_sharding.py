@@ -2,14 +2,11 @@
 batches of the 1-process run (same losses); with "documents" they read other rows."""
 
 from tests.dist_utils import run_distributed
-from tests.integration.parallel_harness import BASE
-from torchtitan_ablate import train
-from torchtitan_ablate.config import load_config
+from tests.integration.parallel_harness import build_trainer
 
 
 def _losses(dump_folder: str, args: list[str]) -> list[float]:
-    config = load_config(BASE + ["--job.dump_folder", dump_folder] + args)
-    return [r["loss"] for r in train.Trainer(config).train()]
+    return [r["loss"] for r in build_trainer(dump_folder, args).train()]
 
 
 def test_rows_sharding_trains_like_one_process(tmp_path):

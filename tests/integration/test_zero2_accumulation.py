@@ -4,15 +4,13 @@ are gathered once per optimizer step, not once per micro-batch, and training is 
 import torch.distributed as dist
 
 from tests.dist_utils import run_distributed
-from tests.integration.parallel_harness import BASE
-from torchtitan_ablate import train
-from torchtitan_ablate.config import load_config
+from tests.integration.parallel_harness import build_trainer
 
 ARGS = ["--training.data_sharding", "rows", "--training.global_batch_size", "8"]
 
 
 def _train_counting_gathers(dump_folder: str, args: list[str], gather_once: bool) -> dict:
-    trainer = train.Trainer(load_config(BASE + ["--job.dump_folder", dump_folder] + args))
+    trainer = build_trainer(dump_folder, args)
     trainer.model.fsdp_gather_once_per_step &= gather_once
     calls = []
     # FSDP2 looks its collective up at call time: all_gather_single on torch 2.13,

@@ -46,6 +46,13 @@ def rows(dl, n: int) -> list[dict[str, torch.Tensor]]:
     raise AssertionError("loader ended")
 
 
+def assert_same_rows(want: list[dict], have: list[dict]) -> None:
+    """Equal length and, row by row, equal tensors under every key."""
+    for i, (w, h) in enumerate(zip(want, have, strict=True)):
+        for key in w:
+            assert torch.equal(w[key], h[key]), (i, key)
+
+
 def test_greedy_packing_layout(tmp_path: Path) -> None:
     dl = loader(write_jsonl(tmp_path / "d.jsonl", DOCS))
     stream, doc_of = [], []  # the token stream d0 EOS d1 EOS ..., twice (epochs re-loop)
@@ -133,9 +140,7 @@ def test_rows_sharding_gives_the_same_global_batches(
     ]
     for step in range(4):
         got = [row for rank in range(3) for row in per_rank[rank][2 * step : 2 * step + 2]]
-        for want, have in zip(one[6 * step : 6 * step + 6], got, strict=True):
-            for key in want:
-                assert torch.equal(want[key], have[key]), (step, key)
+        assert_same_rows(one[6 * step : 6 * step + 6], got)
 
 
 @pytest.mark.parametrize("packing", ["greedy", "padding"])
@@ -161,9 +166,7 @@ def test_rows_sharding_state_resumes_at_another_dp(tmp_path: Path, packing: str)
         resumed.append(rows(dl, 3 * 2))
     for step in range(2):
         got = [row for rank in range(2) for row in resumed[rank][3 * step : 3 * step + 3]]
-        for want, have in zip(ref[12 + 6 * step : 18 + 6 * step], got, strict=True):
-            for key in want:
-                assert torch.equal(want[key], have[key]), (step, key)
+        assert_same_rows(ref[12 + 6 * step : 18 + 6 * step], got)
 
 
 def test_synthetic_is_deterministic_and_rank_dependent() -> None:
@@ -205,10 +208,7 @@ def test_exact_resume(
     expected = take(it, 5)
     resumed = loader(path, dataset, **kw)
     resumed.load_state_dict(state)
-    got = take(iter(resumed), 5)
-    for want, have in zip(expected, got, strict=True):
-        for key in want:
-            assert torch.equal(want[key], have[key]), key
+    assert_same_rows(expected, take(iter(resumed), 5))
 
 
 def test_debug_assets_load() -> None:

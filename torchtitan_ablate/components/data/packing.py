@@ -89,8 +89,7 @@ class PackedDataset(IterableDataset):
         yield from self._rows_of_this_worker(rows) if self.sharding == "rows" else rows
 
     def _rows_of_this_worker(self, rows: Iterator[dict]) -> Iterator[dict[str, torch.Tensor]]:
-        info = get_worker_info()
-        workers, worker = (info.num_workers, info.id) if info else (1, 0)
+        workers, worker = _loader_worker()
         per_micro_batch = self.dp_world_size * self.local_batch_size
         for row in rows:
             index = self.rows_seen
@@ -181,9 +180,21 @@ def shard_for_this_worker(
     source: SyntheticDocuments | TextDocuments, dp_rank: int, dp_world_size: int
 ) -> None:
     """Loader workers split this rank's documents further: shard = (dp rank, worker)."""
-    info = get_worker_info()
-    workers, worker = (info.num_workers, info.id) if info else (1, 0)
+    workers, worker = _loader_worker()
     source.set_shard(dp_rank * workers + worker, dp_world_size * workers)
+
+
+def _loader_worker() -> tuple[int, int]:
+    """(number of loader workers, this one's index); (1, 0) in the main process."""
+    info = get_worker_info()
+    return (info.num_workers, info.id) if info else (1, 0)
+
+
+def state_same_on_every_rank(sharding: str, num_workers: int) -> bool:
+    """Whether every rank's loader state is the same at a step boundary, so that one rank's
+    resumes the data at any world size: rows sharding ends each batch at the end of a global
+    micro-batch, and with more than one worker each worker holds a state of its own."""
+    return sharding == "rows" and num_workers <= 1
 
 
 def warn_if_dp_changed(saved_dp: list[int], dp_rank: int, dp_world_size: int) -> None:
