@@ -182,6 +182,26 @@ k)
   # Next: where the MoE step goes with accumulation (the 40% MFU target).
   run moe1_ga4_profile 200 $B --job.config_file train_configs/qwen3_moe_1gpu.toml --profile
   ;;
+l)
+  # MoE with the weights gathered and the gradients reduced once per step (session 4):
+  # how deep must accumulation go to amortise the optimizer and the last reduce?
+  M="$B --job.config_file train_configs/qwen3_moe_1gpu.toml --training.local_batch_size 2"
+  run moe1_ga4 150 $M --training.global_batch_size 8
+  run moe1_ga8 130 $M --training.global_batch_size 16
+  run moe1_ga16 140 $M --training.global_batch_size 32 --steps 5 --warmup 2
+  run moe1_ga8_profile 130 $M --training.global_batch_size 16 --steps 3 --warmup 2 --profile
+  ;;
+m)
+  # The float8 step-20 check: how far apart are two bf16 programs of the same math at step 20
+  # (the same run again; another attention kernel), and float8 again / on one more seed.
+  big_corpus
+  f8="$F8_17 $BIG"
+  train big17_bf16_again 100 $f8
+  train big17_bf16_sdpa 100 $f8 --model.attn_backend sdpa
+  train big17_tensorwise_again 100 $f8 --float8.enable true
+  train big17_bf16_seed3 100 $f8 --training.seed 3
+  train big17_tensorwise_seed3 100 $f8 --training.seed 3 --float8.enable true
+  ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac
 done

@@ -198,9 +198,13 @@ def train_step(
     balance_bias = model.args.num_experts > 0 and model.args.moe_bias_update_rate > 0
     load_before = model.expert_load().clone() if balance_bias else None
     gather_once = model.fsdp_gather_once_per_step and len(batches) > 1
+    sync_once = model.fsdp_sync_grads_once_per_step and len(batches) > 1
     for i, batch in enumerate(batches):
+        last = i == len(batches) - 1
         if gather_once:  # ZeRO-2 mode: keep the gathered weights until the last backward
-            model.set_reshard_after_backward(i == len(batches) - 1)
+            model.set_reshard_after_backward(last)
+        if sync_once:  # one rank: reduce the accumulated gradients after the last backward
+            model.set_requires_gradient_sync(last)
         ce = loss_fn(model, batch) / global_tokens
         ce.backward()
         ce_total += ce.detach()

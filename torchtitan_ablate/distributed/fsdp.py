@@ -68,6 +68,17 @@ def apply_fsdp(
     # "never" holds every block's gathered weights at the end of each forward anyway, so keeping
     # them across the micro-batches of a step costs no peak memory and saves the re-gathers.
     model.fsdp_gather_once_per_step = reshard_after_forward == "never"
+    # On one rank the reduce-scatter is a copy and the unsharded gradients are as large as the
+    # sharded ones, so accumulating micro-batches unsharded in the fp32 reduce dtype (FSDP's
+    # no-sync mode) costs no memory, adds in the same order, and skips three gradient copies
+    # per micro-batch (~30 ms per 3.2B parameters on an H100). With more ranks it would hold
+    # full-size gradients: not done there.
+    model.fsdp_sync_grads_once_per_step = (
+        dp_mesh.size() == 1
+        and (experts_mesh is None or experts_mesh.size() == 1)
+        and reduce_dtype == torch.float32
+        and not cpu_offload
+    )
     for module in model.modules():
         if isinstance(module, FSDPModule):
             # Plain SUM collectives (also NCCL's zero-copy path); gloo has no PREMUL_SUM.

@@ -1,0 +1,86 @@
+"""FSDP work per optimizer step under gradient accumulation, training unchanged:
+ZeRO-2 mode (fsdp_reshard_after_forward = "never") gathers the weights once per step, and on
+one rank the gradients are reduced (copied into the fp32 shards) once per step."""
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+
+from tests.dist_utils import run_distributed
+from tests.integration.parallel_harness import assert_same_training, build_trainer
+
+ARGS = ["--training.data_sharding", "rows", "--training.global_batch_size", "8"]
+
+
+def _train_counting_gathers(dump_folder: str, args: list[str], gather_once: bool) -> dict:
+    trainer = build_trainer(dump_folder, args)
+    trainer.model.fsdp_gather_once_per_step &= gather_once
+    calls = []
+    # FSDP2 looks its collective up at call time: all_gather_single on torch 2.13,
+    # all_gather_into_tensor before.
+    names = [n for n in ("all_gather_single", "all_gather_into_tensor") if hasattr(dist, n)]
+    reals = {n: getattr(dist, n) for n in names}
+
+    def counting(real):
+        def call(*a, **kw):
+            calls.append(1)
+            return real(*a, **kw)
+
+        return call
+
+    for n in names:
+        setattr(dist, n, counting(reals[n]))
+    try:
+        losses = [r["loss"] for r in trainer.train()]
+    finally:
+        for n in names:
+            setattr(dist, n, reals[n])
+    return {"losses": losses, "all_gathers": len(calls)}
+
+
+def test_zero2_gathers_once_per_step_with_accumulation(tmp_path):
+    ref = run_distributed(_train_counting_gathers, 1, str(tmp_path / "ref"), ARGS, True)[0]
+    zero2 = ARGS + ["--training.local_batch_size", "2"]  # 2 ranks x 2 rows x 2 micro-batches
+    zero2 += ["--parallelism.fsdp_reshard_after_forward", "never"]
+    once = run_distributed(_train_counting_gathers, 2, str(tmp_path / "once"), zero2, True)[0]
+    every = run_distributed(_train_counting_gathers, 2, str(tmp_path / "every"), zero2, False)[0]
+    for a, b in zip(once["losses"], ref["losses"], strict=True):
+        assert abs(a - b) <= 1e-5 * abs(b), (once["losses"], ref["losses"])
+    assert once["losses"] == every["losses"]
+    # Per step: one gather of every FSDP group instead of one per micro-batch (2).
+    assert 0 < once["all_gathers"] and 2 * once["all_gathers"] == every["all_gathers"], (
+        once,
+        every,
+    )
+
+
+def _train_counting_reduces(dump_folder: str, args: list[str], sync_once: bool) -> dict:
+    trainer = build_trainer(dump_folder, args)
+    assert trainer.model.fsdp_sync_grads_once_per_step  # on by itself on one rank
+    trainer.model.fsdp_sync_grads_once_per_step = sync_once
+    real = _fsdp_param_group.foreach_reduce
+    calls = []
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    _fsdp_param_group.foreach_reduce = counting
+    try:
+        losses = [r["loss"] for r in trainer.train()]
+    finally:
+        _fsdp_param_group.foreach_reduce = real
+    sd = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True))
+    return {"losses": losses, "params": {k: v.clone() for k, v in sd.items()}, "reduces": len(calls)}
+
+
+def test_one_rank_reduces_gradients_once_per_step(tmp_path):
+    # One rank in fp32 runs without FSDP; with bf16 compute FSDP gives the fp32 master weights.
+    # 4 micro-batches of 2 rows per step; bf16 gradients accumulate in the fp32 reduce dtype.
+    args = ARGS + ["--training.local_batch_size", "2", "--training.cpu_mixed_precision", "true"]
+    once = run_distributed(_train_counting_reduces, 1, str(tmp_path / "once"), args, True)[0]
+    every = run_distributed(_train_counting_reduces, 1, str(tmp_path / "every"), args, False)[0]
+    # Same fp32 additions in the same order: bitwise the same training.
+    assert_same_training(once, every, loss_rtol=0.0, atol=0.0)
+    assert 0 < once["reduces"] and 4 * once["reduces"] == every["reduces"], (once, every)
