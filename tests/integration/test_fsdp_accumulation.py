@@ -2,7 +2,6 @@
 ZeRO-2 mode (fsdp_reshard_after_forward = "never") gathers the weights once per step, and on
 one rank the gradients are reduced (copied into the fp32 shards) once per step."""
 
-import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp._fully_shard import _fsdp_param_group
@@ -72,7 +71,8 @@ def _train_counting_reduces(dump_folder: str, args: list[str], sync_once: bool) 
     finally:
         _fsdp_param_group.foreach_reduce = real
     sd = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True))
-    return {"losses": losses, "params": {k: v.clone() for k, v in sd.items()}, "reduces": len(calls)}
+    params = {k: v.clone() for k, v in sd.items()}
+    return {"losses": losses, "params": params, "reduces": len(calls)}
 
 
 def test_one_rank_reduces_gradients_once_per_step(tmp_path):
