@@ -79,6 +79,9 @@ KERNEL_CLASSES = (  # first match wins; names as CUDA kernels appear in the prof
 )
 
 
+SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "aten::_local_scalar_dense")
+
+
 def _kernel_class(name: str) -> str:
     lower = name.lower()
     for cls, keys in KERNEL_CLASSES:
@@ -117,6 +120,15 @@ def profile_engine(step_fn, batches, device: torch.device, top: int = 20) -> dic
     print("|---|---|---|")
     for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]:
         print(f"| {name[:90]} | {us / 2e3:.2f} | {100 * us / total:.1f}% |")
+    # Which operators launched the time (kernels are charged to the innermost op), and the
+    # host syncs that leave the GPU idle while the CPU catches up.
+    ops = [a for a in prof.key_averages() if a.device_type == DeviceType.CPU]
+    print("| operator (own GPU time) | ms / step | calls / step |")
+    print("|---|---|---|")
+    for a in sorted(ops, key=lambda a: -a.self_device_time_total)[:top]:
+        print(f"| {a.key[:70]} | {a.self_device_time_total / 2e3:.2f} | {a.count / 2:g} |")
+    syncs = {a.key: a.count / 2 for a in ops if a.key in SYNC_EVENTS}
+    print(f"host syncs per step: {syncs or 'none'}")
     return {
         "wall_ms_per_step": wall_us / 2e3,
         "gpu_busy_frac": busy / wall_us,

@@ -40,6 +40,7 @@ from torchtitan_ablate.models.common.experts import (
     _loop_experts,
     use_grouped_mm,
 )
+from torchtitan_ablate.models.common.permute import inverse_permutation, permute_rows
 
 
 def apply_ep(model: nn.Module, ep_mesh: DeviceMesh) -> None:
@@ -83,9 +84,10 @@ class ExpertParallelExperts(GroupedExperts):
         group = self.ep_mesh.get_group()
         plan = _plan_dispatch(num_tokens_per_expert_E, self.ep_mesh.size(), group)
         x_recv_ND = all_to_all_single_autograd(x_RD, plan.recv_splits, plan.send_splits, group)
-        x_ND = x_recv_ND.index_select(0, plan.perm_N)  # grouped by local expert
+        inv_perm_N = inverse_permutation(plan.perm_N)
+        x_ND = permute_rows(x_recv_ND, plan.perm_N, inv_perm_N)  # grouped by local expert
         out_ND = self._local_experts(x_ND, plan.counts_L)
-        out_recv_ND = torch.empty_like(out_ND).index_copy(0, plan.perm_N, out_ND)
+        out_recv_ND = permute_rows(out_ND, inv_perm_N, plan.perm_N)
         return all_to_all_single_autograd(out_recv_ND, plan.send_splits, plan.recv_splits, group)
 
     @torch.no_grad()

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchtitan_ablate.models.common.init import trunc_normal_
+from torchtitan_ablate.models.common.permute import gather_rows, scatter_rows
 
 # Rows per expert group are padded to this multiple for the grouped GEMM: bf16 kernels need 8
 # (16 bytes), float8 kernels 16, so 16 serves both at a cost of < E * 16 zero rows.
@@ -61,18 +62,27 @@ def _loop_experts(w1_EID, w2_EDI, w3_EID, x_RD, num_tokens_per_expert_E) -> torc
 
 
 def _grouped_mm_experts(w1_EID, w2_EDI, w3_EID, x_RD, num_tokens_per_expert_E) -> torch.Tensor:
-    dest_R, offs_E = _padded_layout(num_tokens_per_expert_E, x_RD.shape[0])
-    # Static padded size (R + E * (align - 1), rounded up to the alignment: float8's column-major
-    # copies need 16-byte strides), so no host sync; rows past offs[-1] are ignored by the kernel
-    # and never read back.
-    n_padded = x_RD.shape[0] + w1_EID.shape[0] * (GROUP_ALIGN_ROWS - 1)
-    n_padded = -(-n_padded // GROUP_ALIGN_ROWS) * GROUP_ALIGN_ROWS
-    x_PD = x_RD.new_zeros(n_padded, x_RD.shape[1]).index_copy(0, dest_R, x_RD)
+    x_PD, dest_R, offs_E = pad_by_expert(x_RD, num_tokens_per_expert_E)
     gate_PI = torch._grouped_mm(x_PD, w1_EID.transpose(-2, -1), offs=offs_E)
     up_PI = torch._grouped_mm(x_PD, w3_EID.transpose(-2, -1), offs=offs_E)
     h_PI = F.silu(gate_PI) * up_PI
     out_PD = torch._grouped_mm(h_PI, w2_EDI.transpose(-2, -1), offs=offs_E)
-    return out_PD.index_select(0, dest_R)
+    return gather_rows(out_PD, dest_R)
+
+
+def pad_by_expert(
+    x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows sorted by expert, copied into groups padded to GROUP_ALIGN_ROWS for the grouped
+    GEMM: (x_PD, destination row of each input row, int32 group end offsets).
+
+    The padded size is static (R + E * (align - 1), rounded up to the alignment: float8's
+    column-major copies need 16-byte strides), so no host sync; rows past offs[-1] are ignored
+    by the kernel and never read back."""
+    dest_R, offs_E = _padded_layout(num_tokens_per_expert_E, x_RD.shape[0])
+    n_padded = x_RD.shape[0] + num_tokens_per_expert_E.shape[0] * (GROUP_ALIGN_ROWS - 1)
+    n_padded = -(-n_padded // GROUP_ALIGN_ROWS) * GROUP_ALIGN_ROWS
+    return scatter_rows(x_RD, dest_R, n_padded), dest_R, offs_E
 
 
 def _padded_layout(

@@ -28,12 +28,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from torchtitan_ablate.distributed.expert_parallel import ExpertParallelExperts
-from torchtitan_ablate.models.common.experts import (
-    GROUP_ALIGN_ROWS,
-    GroupedExperts,
-    _padded_layout,
-    use_grouped_mm,
-)
+from torchtitan_ablate.models.common.experts import GroupedExperts, pad_by_expert, use_grouped_mm
+from torchtitan_ablate.models.common.permute import gather_rows
 
 logger = logging.getLogger("torchtitan_ablate")
 
@@ -184,9 +180,7 @@ def lora_experts(
         grouped = use_grouped_mm(x_RD)
     drop, scale = experts.lora_dropout, experts.scale
     if grouped:
-        dest_R, offs_E = _padded_layout(counts_E, x_RD.shape[0])
-        n_padded = x_RD.shape[0] + counts_E.shape[0] * (GROUP_ALIGN_ROWS - 1)
-        x_PD = x_RD.new_zeros(n_padded, x_RD.shape[1]).index_copy(0, dest_R, x_RD)
+        x_PD, dest_R, offs_E = pad_by_expert(x_RD, counts_E)
 
         def proj(x: torch.Tensor, w: str) -> torch.Tensor:
             base, a, b = weights[w]
@@ -200,7 +194,7 @@ def lora_experts(
             )
 
         h_PI = F.silu(proj(x_PD, "w1")) * proj(x_PD, "w3")
-        return proj(h_PI, "w2").index_select(0, dest_R)
+        return gather_rows(proj(h_PI, "w2"), dest_R)
 
     out_RD = []
     for e, x_rD in enumerate(torch.split(x_RD, counts_E.tolist(), dim=0)):

@@ -19,6 +19,11 @@ from torch import nn
 
 from torchtitan_ablate.models.common.experts import GroupedExperts
 from torchtitan_ablate.models.common.init import trunc_normal_
+from torchtitan_ablate.models.common.permute import (
+    inverse_permutation,
+    permute_rows,
+    repeat_sorted,
+)
 
 
 class TopKRouter(nn.Module):
@@ -106,9 +111,9 @@ class MoE(nn.Module):
 
         # Sort rows by expert (stable, so rows of one expert keep token order), run, unsort.
         order_R = experts_R.argsort(stable=True)
-        token_R = order_R // self.top_k
-        out_sorted_RD = self.experts(x_TD[token_R], counts_E)
-        out_RD = torch.empty_like(out_sorted_RD).index_copy(0, order_R, out_sorted_RD)
+        inv_R = inverse_permutation(order_R)
+        out_sorted_RD = self.experts(repeat_sorted(x_TD, order_R, inv_R, self.top_k), counts_E)
+        out_RD = permute_rows(out_sorted_RD, inv_R, order_R)
         out_TKD = out_RD.view(-1, self.top_k, out_RD.shape[-1])
         w_T1K = weights_TK.to(out_TKD.dtype).unsqueeze(1)
         y_BSD = torch.bmm(w_T1K, out_TKD).view_as(x_BSD)

@@ -1,0 +1,100 @@
+"""Row movements of the MoE layer whose backward passes never accumulate.
+
+autograd differentiates `x[index]` with an accumulating scatter (index_put with accumulate=True)
+and `index_select` with `index_add`, because in general an index may repeat. In the MoE layer
+every index is a permutation or injective (each routed row is read once, each padded slot
+written once), and the only repetition is known in advance: every token is routed to exactly
+top_k experts. Writing that down gives backward passes made of gathers, plain scatters and one
+k-way sum: no atomics, deterministic, and lowered by inductor into fused kernels (the
+accumulating versions were 7% of the one-GPU MoE step on an H100, docs/performance.md).
+
+Shape legend: T tokens, K top_k, R = T*K routed rows, D model dim, P padded rows.
+"""
+
+import torch
+from torch.autograd import Function
+
+
+class _RepeatSorted(Function):
+    @staticmethod
+    def forward(ctx, x_TD, order_R, inv_R, top_k: int):
+        ctx.save_for_backward(inv_R)
+        ctx.top_k = top_k
+        return x_TD[order_R // top_k]
+
+    @staticmethod
+    def backward(ctx, grad_RD):
+        (inv_R,) = ctx.saved_tensors
+        # Row t*K + k of the unsorted layout is token t's k-th copy: sum the K copies.
+        grad_TD = grad_RD[inv_R].unflatten(0, (-1, ctx.top_k)).sum(dim=1)
+        return grad_TD, None, None, None
+
+
+class _PermuteRows(Function):
+    @staticmethod
+    def forward(ctx, x_RD, perm_R, inv_perm_R):
+        ctx.save_for_backward(inv_perm_R)
+        return x_RD[perm_R]
+
+    @staticmethod
+    def backward(ctx, grad_RD):
+        (inv_perm_R,) = ctx.saved_tensors
+        return grad_RD[inv_perm_R], None, None
+
+
+class _ScatterRows(Function):
+    @staticmethod
+    def forward(ctx, x_RD, dest_R, n_rows: int):
+        ctx.save_for_backward(dest_R)
+        out = x_RD.new_zeros(n_rows, *x_RD.shape[1:])
+        return out.index_put((dest_R,), x_RD)
+
+    @staticmethod
+    def backward(ctx, grad_PD):
+        (dest_R,) = ctx.saved_tensors
+        return grad_PD[dest_R], None, None
+
+
+class _GatherRows(Function):
+    @staticmethod
+    def forward(ctx, x_PD, src_R):
+        ctx.save_for_backward(src_R)
+        ctx.n_rows = x_PD.shape[0]
+        return x_PD[src_R]
+
+    @staticmethod
+    def backward(ctx, grad_RD):
+        (src_R,) = ctx.saved_tensors
+        grad_PD = grad_RD.new_zeros(ctx.n_rows, *grad_RD.shape[1:])
+        return grad_PD.index_put((src_R,), grad_RD), None
+
+
+def inverse_permutation(perm_R: torch.Tensor) -> torch.Tensor:
+    """inv[perm[i]] = i."""
+    arange_R = torch.arange(perm_R.numel(), device=perm_R.device, dtype=perm_R.dtype)
+    return torch.empty_like(perm_R).index_put((perm_R,), arange_R)
+
+
+def repeat_sorted(
+    x_TD: torch.Tensor, order_R: torch.Tensor, inv_R: torch.Tensor, top_k: int
+) -> torch.Tensor:
+    """x_TD[order_R // top_k]: each token once per chosen expert, in the order `order_R` of the
+    flattened (token, k) slots; inv_R = inverse_permutation(order_R)."""
+    return _RepeatSorted.apply(x_TD, order_R, inv_R, top_k)
+
+
+def permute_rows(
+    x_RD: torch.Tensor, perm_R: torch.Tensor, inv_perm_R: torch.Tensor
+) -> torch.Tensor:
+    """x_RD[perm_R] for a permutation perm_R with inverse inv_perm_R."""
+    return _PermuteRows.apply(x_RD, perm_R, inv_perm_R)
+
+
+def scatter_rows(x_RD: torch.Tensor, dest_R: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """n_rows rows of zeros with row dest_R[i] = x_RD[i]; dest_R holds no repeats."""
+    return _ScatterRows.apply(x_RD, dest_R, n_rows)
+
+
+def gather_rows(x_PD: torch.Tensor, src_R: torch.Tensor) -> torch.Tensor:
+    """x_PD[src_R]; src_R holds no repeats (rows never read get a zero gradient)."""
+    return _GatherRows.apply(x_PD, src_R)
