@@ -13,8 +13,8 @@ run() {  # run NAME TIMEOUT_S CMD...
   local t0=$SECONDS
   timeout "$limit" "$@" --job.dump_folder "$out/$name" >"$out/$name.log" 2>&1
   echo "exit $? after $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
-  grep -E '^\||^profile:|^engine /|out of memory|Error' "$out/$name.log" | grep -v '^| kernel |' \
-    | head -40 >>"$out/summary.txt"
+  grep -E '^\||^profile:|^host syncs|^engine /|out of memory|Error' "$out/$name.log" | grep -v '^| kernel |' \
+    | head -80 >>"$out/summary.txt"
 }
 # The parallelism issue's float8 check: the shipped 1.7B recipe for 20 steps, loss every 2.
 F8_17="--job.config_file $q17 --training.steps 20 --metrics.log_freq 2"
@@ -190,6 +190,19 @@ l)
   run moe1_ga8 130 $M --training.global_batch_size 16
   run moe1_ga16 140 $M --training.global_batch_size 32 --steps 5 --warmup 2
   run moe1_ga8_profile 130 $M --training.global_batch_size 16 --steps 3 --warmup 2 --profile
+  ;;
+n)
+  # MoE row movements without accumulating backward passes (session 4): before (.baseline,
+  # the previous commit, carried beside the tree) and after on the same machine.
+  M="--job.config_file train_configs/qwen3_moe_1gpu.toml --training.local_batch_size 2"
+  if [ -d .baseline ]; then (cd .baseline && run moe1_ga8_before 130 $B $M --training.global_batch_size 16); fi
+  run moe1_ga8_after 100 $B $M --training.global_batch_size 16
+  run moe1_ga16_after 100 $B $M --training.global_batch_size 32 --steps 5 --warmup 2
+  run moe1_ga8_profile 100 $B $M --training.global_batch_size 16 --steps 3 --warmup 2 --profile
+  timeout 200 python3 -m pytest -m gpu -q tests/unit/models tests/unit/distributed/test_float8.py \
+    >"$out/pytest_gpu_moe.log" 2>&1
+  echo "pytest -m gpu (models, float8) exit $?" >>"$out/summary.txt"
+  tail -5 "$out/pytest_gpu_moe.log" >>"$out/summary.txt"
   ;;
 m)
   # The float8 step-20 check: how far apart are two bf16 programs of the same math at step 20
