@@ -18,6 +18,8 @@ import json
 import os
 import sys
 import time
+import traceback
+import warnings
 
 import torch
 from torch.autograd import DeviceType
@@ -129,11 +131,36 @@ def profile_engine(step_fn, batches, device: torch.device, top: int = 20) -> dic
         print(f"| {a.key[:70]} | {a.self_device_time_total / 2e3:.2f} | {a.count / 2:g} |")
     syncs = {a.key: a.count / 2 for a in ops if a.key in SYNC_EVENTS}
     print(f"host syncs per step: {syncs or 'none'}")
+    if device.type == "cuda":
+        _print_sync_sites(step_fn, batches[0])
     return {
         "wall_ms_per_step": wall_us / 2e3,
         "gpu_busy_frac": busy / wall_us,
         "ms_per_step_by_class": {k: v / 2e3 for k, v in by_class.items()},
     }
+
+
+def _print_sync_sites(step_fn, batch) -> None:
+    """One step under CUDA's sync debug mode: where each host sync comes from (the Python
+    frames that made it, innermost last), with counts."""
+    sites: dict[str, int] = {}
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = traceback.extract_stack()[:-1]
+        frames = [f for f in frames if "warnings" not in f.filename][-5:]
+        key = " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in reversed(frames))
+        sites[key] = sites.get(key, 0) + 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step_fn(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for key, n in sorted(sites.items(), key=lambda kv: -kv[1]):
+        print(f"sync x{n}: {key}")
 
 
 def bench_hf(config: JobConfig, batches: list, warmup: int, steps: int, compile_: bool) -> dict:

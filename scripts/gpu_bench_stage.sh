@@ -13,7 +13,7 @@ run() {  # run NAME TIMEOUT_S CMD...
   local t0=$SECONDS
   timeout "$limit" "$@" --job.dump_folder "$out/$name" >"$out/$name.log" 2>&1
   echo "exit $? after $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
-  grep -E '^\||^profile:|^host syncs|^engine /|out of memory|Error' "$out/$name.log" | grep -v '^| kernel |' \
+  grep -E '^\||^profile:|^host syncs|^sync x|^engine /|out of memory|Error' "$out/$name.log" | grep -v '^| kernel |' \
     | head -80 >>"$out/summary.txt"
 }
 # The parallelism issue's float8 check: the shipped 1.7B recipe for 20 steps, loss every 2.
@@ -203,6 +203,11 @@ n)
     >"$out/pytest_gpu_moe.log" 2>&1
   echo "pytest -m gpu (models, float8) exit $?" >>"$out/summary.txt"
   tail -5 "$out/pytest_gpu_moe.log" >>"$out/summary.txt"
+  ;;
+o)
+  # Where the MoE step's host syncs come from (GPU idle ~11% of the step, session 4).
+  run moe1_ga8_syncs 100 $B --job.config_file train_configs/qwen3_moe_1gpu.toml \
+    --training.local_batch_size 2 --training.global_batch_size 16 --steps 2 --warmup 2 --profile
   ;;
 m)
   # The float8 step-20 check: how far apart are two bf16 programs of the same math at step 20
