@@ -45,6 +45,7 @@ def _time_steps(step_fn, batches, warmup: int, steps: int, device: torch.device)
     _sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_stats(device)
     start = time.perf_counter()
     for i in range(steps):
         step_fn(batches[i % len(batches)])
@@ -54,6 +55,12 @@ def _time_steps(step_fn, batches, warmup: int, steps: int, device: torch.device)
     if device.type == "cuda":
         out["memory_max_active_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         out["memory_max_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+        # Near the memory limit the caching allocator frees and retries (each a device sync).
+        after = torch.cuda.memory_stats(device)
+        out["allocator_per_step"] = {
+            k: (after.get(k, 0) - before.get(k, 0)) / steps
+            for k in ("num_alloc_retries", "num_device_free", "num_sync_all_streams")
+        }
     return out
 
 
@@ -245,6 +252,9 @@ def main(argv: list[str]) -> list[dict]:
         )
     if len(rows) > 1:
         print(f"engine / {rows[-1]['name']}: {rows[-1]['engine_speedup']:.2f}x tokens/s")
+    for r in rows:
+        if "allocator_per_step" in r:
+            print(f"allocator per step ({r['name']}): {r['allocator_per_step']}")
     if torch.distributed.get_rank() == 0:
         os.makedirs(config.job.dump_folder, exist_ok=True)
         with open(os.path.join(config.job.dump_folder, "bench.json"), "w") as f:
