@@ -227,6 +227,19 @@ p)
   done
   train big17_gw_hp_seed42 100 $f8 --float8.recipe rowwise_with_gw_hp
   ;;
+q)
+  # One-rank reduce-scatter buffers from the training stream's pool (session 4): before
+  # (.baseline, the previous commit) and after, same machine; then the GPU tests.
+  M="--job.config_file train_configs/qwen3_moe_1gpu.toml --training.local_batch_size 2"
+  if [ -d .baseline ]; then
+    (cd .baseline && run moe1_ga8_before 100 $B $M --training.global_batch_size 16 \
+      && run q17_before 100 $B --job.config_file $q17)
+  fi
+  run moe1_ga8_after 100 $B $M --training.global_batch_size 16
+  run q17_after 100 $B --job.config_file $q17
+  run moe1_ga16_after 100 $B $M --training.global_batch_size 32 --steps 5 --warmup 2
+  run q06_after 100 $B --job.config_file $q06
+  ;;
 m)
   # The float8 step-20 check: how far apart are two bf16 programs of the same math at step 20
   # (the same run again; another attention kernel), and float8 again / on one more seed.

@@ -4,10 +4,13 @@ one rank the gradients are reduced (copied into the fp32 shards) once per step."
 
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
 
 from tests.dist_utils import run_distributed
 from tests.integration.parallel_harness import assert_same_training, build_trainer
+from torchtitan_ablate.distributed.fsdp import OneRankReduceScatter
 
 ARGS = ["--training.data_sharding", "rows", "--training.global_batch_size", "8"]
 
@@ -54,10 +57,18 @@ def test_zero2_gathers_once_per_step_with_accumulation(tmp_path):
     )
 
 
-def _train_counting_reduces(dump_folder: str, args: list[str], sync_once: bool) -> dict:
+def _train_counting_reduces(
+    dump_folder: str, args: list[str], sync_once: bool, own_comm: bool = True
+) -> dict:
     trainer = build_trainer(dump_folder, args)
     assert trainer.model.fsdp_sync_grads_once_per_step  # on by itself on one rank
     trainer.model.fsdp_sync_grads_once_per_step = sync_once
+    for module in trainer.model.modules():
+        if isinstance(module, FSDPModule):
+            (group,) = module._get_fsdp_state()._fsdp_param_groups
+            assert isinstance(group._reduce_scatter_comm, OneRankReduceScatter)
+            if not own_comm:
+                module.set_custom_reduce_scatter(DefaultReduceScatter())
     real = _fsdp_param_group.foreach_reduce
     calls = []
 
@@ -83,4 +94,9 @@ def test_one_rank_reduces_gradients_once_per_step(tmp_path):
     every = run_distributed(_train_counting_reduces, 1, str(tmp_path / "every"), args, False)[0]
     # Same fp32 additions in the same order: bitwise the same training.
     assert_same_training(once, every, loss_rtol=0.0, atol=0.0)
+    # The one-rank reduction (a copy into the training stream's pool) is FSDP's, bitwise.
+    fsdp_comm = run_distributed(
+        _train_counting_reduces, 1, str(tmp_path / "fsdp_comm"), args, True, False
+    )[0]
+    assert_same_training(once, fsdp_comm, loss_rtol=0.0, atol=0.0)
     assert 0 < once["reduces"] and 4 * once["reduces"] == every["reduces"], (once, every)

@@ -17,6 +17,11 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
+try:  # torch >= 2.9: pluggable FSDP2 collectives
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+except ImportError:  # pragma: no cover
+    ReduceScatter = None
+
 logger = logging.getLogger("torchtitan_ablate")
 
 
@@ -73,17 +78,43 @@ def apply_fsdp(
     # no-sync mode) costs no memory, adds in the same order, and skips three gradient copies
     # per micro-batch (~30 ms per 3.2B parameters on an H100). With more ranks it would hold
     # full-size gradients: not done there.
+    one_rank = dp_mesh.size() == 1 and (experts_mesh is None or experts_mesh.size() == 1)
     model.fsdp_sync_grads_once_per_step = (
-        dp_mesh.size() == 1
-        and (experts_mesh is None or experts_mesh.size() == 1)
-        and reduce_dtype == torch.float32
-        and not cpu_offload
+        one_rank and reduce_dtype == torch.float32 and not cpu_offload
     )
     for module in model.modules():
         if isinstance(module, FSDPModule):
             # Plain SUM collectives (also NCCL's zero-copy path); gloo has no PREMUL_SUM.
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
+            if one_rank and ReduceScatter is not None:
+                module.set_custom_reduce_scatter(OneRankReduceScatter())
+
+
+if ReduceScatter is not None:
+
+    class OneRankReduceScatter(ReduceScatter):
+        """FSDP's gradient reduction on one rank: a copy, into buffers from the training
+        stream's memory pool.
+
+        FSDP allocates the reduced gradients (which become the fp32 sharded `.grad`s) on its
+        reduce-scatter stream, and the caching allocator keeps each stream's freed blocks for
+        that stream only. On one GPU near its memory limit (the one-GPU MoE: 12.8 GB of fp32
+        gradients) the training stream and FSDP's stream then take turns freeing each other's
+        cached blocks: two allocator retries and ~40 cudaFree per step, each a device sync
+        (docs/performance.md). Safe: FSDP's stream waits for the training stream before it
+        writes, and the training stream waits for FSDP's before it reads or frees the grads.
+        """
+
+        def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+            if device.type != "cuda":
+                return torch.empty(*size, dtype=dtype, device=device)
+            with torch.cuda.stream(torch.cuda.default_stream(device)):
+                return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            output_tensor.copy_(input_tensor)  # one rank: nothing to reduce
+            return None
 
 
 def describe_layout(dp_replicate: int, dp_shard: int) -> str:
