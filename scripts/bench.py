@@ -1,15 +1,17 @@
 """Throughput benchmark: N timed training steps after warm-up, one table row per model.
 
     python scripts/bench.py --job.config_file train_configs/qwen3_0.6b.toml [--section.key v ...]
-        [--steps 10] [--warmup 3] [--peer hf] [--peer-compile] [--profile]
+        [--steps 10] [--warmup 3] [--peer hf] [--peer-compile] [--peer-bf16-weights] [--profile]
 
 Times the engine's own train step (same build path as training) and, with --peer hf,
 Hugging Face transformers' model of the same shape in the same process and the same way
-(bf16 autocast over fp32 weights, AdamW, SDPA, same batches), then prints the ratio.
+(bf16 autocast over fp32 weights, AdamW, SDPA, same batches; --peer-bf16-weights: pure bf16),
+then prints the ratio.
 Results also go to <job.dump_folder>/bench.json. Run one process per GPU (NGPU=1 here).
 --profile: after timing, profiles 2 engine steps and prints the GPU time by kernel class
 (matmul, attention, elementwise/fused, copies, optimizer, collectives), the top kernels, and the
-share of the window the GPU sat idle (host-bound time).
+share of the window the GPU sat idle (host-bound time), the operators by own GPU time, and
+where host syncs come from.
 """
 
 import argparse
@@ -170,8 +172,18 @@ def _print_sync_sites(step_fn, batch) -> None:
         print(f"sync x{n}: {key}")
 
 
-def bench_hf(config: JobConfig, batches: list, warmup: int, steps: int, compile_: bool) -> dict:
-    """transformers' Qwen3 of the same shape: bf16 autocast, fp32 weights, AdamW, SDPA."""
+def bench_hf(
+    config: JobConfig,
+    batches: list,
+    warmup: int,
+    steps: int,
+    compile_: bool,
+    bf16_weights: bool = False,
+) -> dict:
+    """transformers' Qwen3 of the same shape: bf16 autocast over fp32 weights (as its Trainer's
+    bf16=True), or with bf16_weights pure bf16 weights, gradients and AdamW states (what its
+    compiled MoE needs for the grouped_mm experts kernel; it falls back to a per-expert loop
+    for fp32 weights under torch.compile); AdamW, SDPA."""
     import transformers
 
     model_args = train.build_model_args(config)
@@ -184,10 +196,12 @@ def bench_hf(config: JobConfig, batches: list, warmup: int, steps: int, compile_
     hf_cfg._attn_implementation = "sdpa"
     torch.manual_seed(config.training.seed)
     model = getattr(transformers, cls_name)(hf_cfg).to(device)
+    if bf16_weights:
+        model.to(torch.bfloat16)
     model.train()
     forward = torch.compile(model) if compile_ else model
     opt = torch.optim.AdamW(model.parameters(), lr=config.optimizer.lr, fused=device.type == "cuda")
-    autocast = device.type == "cuda" or config.training.cpu_mixed_precision
+    autocast = not bf16_weights and (device.type == "cuda" or config.training.cpu_mixed_precision)
 
     def step(micro_batches: list[dict]) -> None:
         for b in micro_batches:
@@ -198,14 +212,14 @@ def bench_hf(config: JobConfig, batches: list, warmup: int, steps: int, compile_
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    name = f"hf_{cls_name}" + ("_compiled" if compile_ else "")
+    name = f"hf_{cls_name}" + ("_compiled" if compile_ else "") + ("_bf16" if bf16_weights else "")
     try:
         result = _time_steps(step, batches, warmup, steps, device)
     except torch.OutOfMemoryError:
         print(f"{name}: out of memory at this batch; compare at a smaller local_batch_size")
         return None
     tokens = sum(b["input_ids"].numel() for b in batches[0])
-    result.update(name=f"hf_{cls_name}" + ("_compiled" if compile_ else ""), tokens_per_step=tokens)
+    result.update(name=name, tokens_per_step=tokens)
     return result
 
 
@@ -221,6 +235,9 @@ def main(argv: list[str]) -> list[dict]:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--peer", choices=["hf"], default=None)
     parser.add_argument("--peer-compile", action="store_true")
+    parser.add_argument(
+        "--peer-bf16-weights", action="store_true", help="peer in pure bf16 (see bench_hf)"
+    )
     parser.add_argument("--profile", action="store_true", help="kernel-class breakdown")
     args, rest = parser.parse_known_args(argv)
     with exit_on_config_error():
@@ -234,7 +251,9 @@ def main(argv: list[str]) -> list[dict]:
         gc.collect()  # the engine's model and optimizer state go before the peer is built
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        hf = bench_hf(config, batches, args.warmup, args.steps, args.peer_compile)
+        hf = bench_hf(
+            config, batches, args.warmup, args.steps, args.peer_compile, args.peer_bf16_weights
+        )
         if hf is not None:
             rows.append(_row(hf, flops, peak))
             rows[-1]["engine_speedup"] = rows[0]["tps"] / rows[-1]["tps"]

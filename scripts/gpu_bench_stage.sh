@@ -240,6 +240,21 @@ q)
   run moe1_ga16_after 100 $B $M --training.global_batch_size 32 --steps 5 --warmup 2
   run q06_after 100 $B --job.config_file $q06
   ;;
+r)
+  # MoE against transformers' compiled MoE on its fast path (pure bf16 weights: grouped_mm
+  # experts), at the shipped accumulation; profile of what is left. Then the step-20 float8
+  # check: is bf16 itself stable there (another attention kernel), and rowwise_with_gw_hp.
+  M="$B --job.config_file train_configs/qwen3_moe_1gpu.toml --steps 5 --warmup 2"
+  run moe1_peer_bf16 200 $M --peer hf --peer-compile --peer-bf16-weights
+  run moe1_profile 100 $M --profile
+  big_corpus
+  f8="$F8_17 $BIG"
+  for seed in 3 1; do
+    train big17_bf16_sdpa_seed$seed 100 $f8 --training.seed $seed --model.attn_backend sdpa
+    train big17_gw_hp_seed$seed 100 $f8 --training.seed $seed --float8.enable true \
+      --float8.recipe rowwise_with_gw_hp
+  done
+  ;;
 m)
   # The float8 step-20 check: how far apart are two bf16 programs of the same math at step 20
   # (the same run again; another attention kernel), and float8 again / on one more seed.
