@@ -255,6 +255,14 @@ r)
       --float8.recipe rowwise_with_gw_hp
   done
   ;;
+s)
+  # MoE with float8: rowwise linears + float8 grouped GEMMs for the experts (against the pure
+  # bf16 compiled transformers peer in the same run), and tensorwise linears only.
+  M="$B --job.config_file train_configs/qwen3_moe_1gpu.toml --steps 5 --warmup 2 --float8.enable true"
+  run moe1_f8_rowwise_moe 250 $M --float8.recipe rowwise --float8.moe true \
+    --peer hf --peer-compile --peer-bf16-weights
+  run moe1_f8_tensorwise 100 $M
+  ;;
 m)
   # The float8 step-20 check: how far apart are two bf16 programs of the same math at step 20
   # (the same run again; another attention kernel), and float8 again / on one more seed.
