@@ -263,6 +263,13 @@ s)
     --peer hf --peer-compile --peer-bf16-weights
   run moe1_f8_tensorwise 100 $M
   ;;
+t)
+  # Does float8's step-20 lag on 1.7B (seed 3: +10%) close by step 100?
+  big_corpus
+  f100="--job.config_file $q17 --training.steps 100 --metrics.log_freq 10 $BIG --training.seed 3"
+  train big17_100_bf16_seed3 150 $f100
+  train big17_100_tensorwise_seed3 150 $f100 --float8.enable true
+  ;;
 m)
   # The float8 step-20 check: how far apart are two bf16 programs of the same math at step 20
   # (the same run again; another attention kernel), and float8 again / on one more seed.
