@@ -270,6 +270,17 @@ t)
   train big17_100_bf16_seed3 150 $f100
   train big17_100_tensorwise_seed3 150 $f100 --float8.enable true
   ;;
+u)
+  # The float8 check on the shipped 1.7B recipe's first 20 steps (its 1000-step schedule: lr
+  # still warming up), not a 20-step run (whose warmup is squeezed into those 20 steps and
+  # reaches peak lr at step 20, the most chaotic point): 4 seeds, bf16 vs tensorwise.
+  big_corpus
+  f20="--job.config_file $q17 --training.exit_at_step 20 --metrics.log_freq 2 $BIG"
+  for seed in 42 1 2 3; do
+    train ship17_bf16_seed$seed 80 $f20 --training.seed $seed
+    train ship17_tensorwise_seed$seed 80 $f20 --training.seed $seed --float8.enable true
+  done
+  ;;
 m)
   # The float8 step-20 check: how far apart are two bf16 programs of the same math at step 20
   # (the same run again; another attention kernel), and float8 again / on one more seed.
