@@ -1,11 +1,14 @@
 """Warmup, optional stable phase, then linear / cosine / sqrt decay (WSD when decay_ratio set)."""
 
+import logging
 import math
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from torchtitan_ablate.config.job_config import LRScheduler as LRSchedulerConfig
+
+logger = logging.getLogger("torchtitan_ablate")
 
 
 def lr_factor(step: int, total_steps: int, config: LRSchedulerConfig) -> float:
@@ -33,4 +36,13 @@ def lr_factor(step: int, total_steps: int, config: LRSchedulerConfig) -> float:
 def build_lr_scheduler(
     optimizer: torch.optim.Optimizer, config: LRSchedulerConfig, total_steps: int
 ) -> LambdaLR:
+    if config.warmup_steps > total_steps:
+        # As torchtitan, the warmup is squeezed into the run; said out loud, because a short run
+        # then peaks at its last step and is not the first steps of the longer recipe.
+        logger.warning(
+            f"lr_scheduler.warmup_steps = {config.warmup_steps} > training.steps = "
+            f"{total_steps}: warmup shortened to {total_steps} steps (the lr peaks at the last "
+            "step); to run the first steps of a longer schedule keep its training.steps and "
+            "stop early with training.exit_at_step"
+        )
     return LambdaLR(optimizer, lambda i: lr_factor(i + 1, total_steps, config))
