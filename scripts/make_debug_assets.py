@@ -191,14 +191,17 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="compare with the shipped files")
     parser.add_argument("--corpus-docs", type=int, help="write a corpus of this many documents")
     parser.add_argument("--corpus-out", type=Path, help="where --corpus-docs writes (jsonl)")
-    parser.add_argument("--seed", type=int, default=1234, help="generator seed for --corpus-docs")
+    parser.add_argument("--seed", type=int, help="generator seed for --corpus-docs (1234)")
     args = parser.parse_args()
     if (args.corpus_docs is None) != (args.corpus_out is None):
         parser.error("--corpus-docs and --corpus-out go together")
+    if args.seed is not None and args.corpus_docs is None:
+        parser.error("--seed applies to --corpus-docs only (the shipped assets have a fixed seed)")
     if args.corpus_docs is not None:
         if args.corpus_docs < 1:
             parser.error(f"--corpus-docs {args.corpus_docs}: give a positive number of documents")
-        write_corpus(make_corpus(args.corpus_docs, args.seed), args.corpus_out)
+        seed = 1234 if args.seed is None else args.seed
+        write_corpus(make_corpus(args.corpus_docs, seed), args.corpus_out)
         print(f"wrote {args.corpus_out} ({args.corpus_docs} documents)")
         return
     if not args.check:

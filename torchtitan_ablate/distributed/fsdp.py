@@ -17,10 +17,8 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-try:  # torch >= 2.9: pluggable FSDP2 collectives
-    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
-except ImportError:  # pragma: no cover
-    ReduceScatter = None
+# FSDP2's pluggable-collective interface (torch >= 2.9; not re-exported publicly).
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 logger = logging.getLogger("torchtitan_ablate")
 
@@ -87,34 +85,32 @@ def apply_fsdp(
             # Plain SUM collectives (also NCCL's zero-copy path); gloo has no PREMUL_SUM.
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
-            if one_rank and ReduceScatter is not None:
+            if one_rank:
                 module.set_custom_reduce_scatter(OneRankReduceScatter())
 
 
-if ReduceScatter is not None:
+class OneRankReduceScatter(ReduceScatter):
+    """FSDP's gradient reduction on one rank: a copy, into buffers from the training
+    stream's memory pool.
 
-    class OneRankReduceScatter(ReduceScatter):
-        """FSDP's gradient reduction on one rank: a copy, into buffers from the training
-        stream's memory pool.
+    FSDP allocates the reduced gradients (which become the fp32 sharded `.grad`s) on its
+    reduce-scatter stream, and the caching allocator keeps each stream's freed blocks for
+    that stream only. On one GPU near its memory limit (the one-GPU MoE: 12.8 GB of fp32
+    gradients) the training stream and FSDP's stream then take turns freeing each other's
+    cached blocks: two allocator retries and ~40 cudaFree per step, each a device sync
+    (docs/performance.md). Safe: FSDP's stream waits for the training stream before it
+    writes, and the training stream waits for FSDP's before it reads or frees the grads.
+    """
 
-        FSDP allocates the reduced gradients (which become the fp32 sharded `.grad`s) on its
-        reduce-scatter stream, and the caching allocator keeps each stream's freed blocks for
-        that stream only. On one GPU near its memory limit (the one-GPU MoE: 12.8 GB of fp32
-        gradients) the training stream and FSDP's stream then take turns freeing each other's
-        cached blocks: two allocator retries and ~40 cudaFree per step, each a device sync
-        (docs/performance.md). Safe: FSDP's stream waits for the training stream before it
-        writes, and the training stream waits for FSDP's before it reads or frees the grads.
-        """
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if device.type != "cuda":
+            return torch.empty(*size, dtype=dtype, device=device)
+        with torch.cuda.stream(torch.cuda.default_stream(device)):
+            return torch.empty(*size, dtype=dtype, device=device)
 
-        def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-            if device.type != "cuda":
-                return torch.empty(*size, dtype=dtype, device=device)
-            with torch.cuda.stream(torch.cuda.default_stream(device)):
-                return torch.empty(*size, dtype=dtype, device=device)
-
-        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-            output_tensor.copy_(input_tensor)  # one rank: nothing to reduce
-            return None
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        output_tensor.copy_(input_tensor)  # one rank: nothing to reduce
+        return None
 
 
 def describe_layout(dp_replicate: int, dp_shard: int) -> str:

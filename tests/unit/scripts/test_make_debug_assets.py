@@ -30,3 +30,5 @@ def test_corpus_options_go_together(tmp_path):
     assert result.returncode == 2 and "go together" in result.stderr
     result = _run("--corpus-docs", "0", "--corpus-out", str(tmp_path / "x.jsonl"))
     assert result.returncode == 2 and "positive" in result.stderr
+    result = _run("--seed", "7")  # would otherwise rewrite the shipped assets, seed ignored
+    assert result.returncode == 2 and "--corpus-docs only" in result.stderr
