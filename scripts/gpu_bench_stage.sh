@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU measurements for docs/performance.md, grouped by device call (see docs/LOG.md).
+# GPU measurements for docs/performance_sessions_*.md, grouped by device call (see docs/LOG.md).
 #   source scripts/device_setup.sh; bash scripts/gpu_bench_stage.sh STAGE OUTDIR
 # Every run's full log lands in OUTDIR/<name>.log; the tables are printed at the end.
 set -u

@@ -36,9 +36,9 @@ class Model:
     holding one of them, or "byte" (byte-level, for tests)."""
 
     attn_backend: Literal["auto", "sdpa", "flex", "varlen", "flash"] = "auto"
-    """Attention kernel. auto: flex on CUDA (fastest measured in training, docs/performance.md),
-    sdpa elsewhere. flex and varlen honour packed-document boundaries without a dense mask;
-    flash needs the flash-attn package."""
+    """Attention kernel. auto: flex on CUDA (fastest measured in training,
+    docs/performance_sessions_1-2.md), sdpa elsewhere. flex and varlen honour packed-document
+    boundaries without a dense mask; flash needs the flash-attn package."""
 
     moe_aux_loss_coef: float = -1.0
     """MoE load-balancing loss coefficient; -1 keeps the flavor's value (0.001 for Qwen3 MoE)."""
@@ -99,8 +99,8 @@ class Training:
     loss_chunk_size: int = 8192
     """Tokens per chunk of the fused output-projection + cross-entropy (no [B, S, V] logits
     for the whole batch; same value and gradients). The default: on one H100, Qwen3-0.6B at
-    batch 8 x 4096 peaks at 54 instead of 65 GiB at the same tokens/s (docs/performance.md).
-    0 = plain loss on full logits."""
+    batch 8 x 4096 peaks at 54 instead of 65 GiB at the same tokens/s
+    (docs/performance_sessions_1-2.md). 0 = plain loss on full logits."""
 
     mixed_precision_param: Literal["bfloat16", "float32"] = "bfloat16"
     """Parameter/compute dtype on GPU. CPU runs use float32 unless cpu_mixed_precision."""

@@ -98,7 +98,7 @@ class OneRankReduceScatter(ReduceScatter):
     that stream only. On one GPU near its memory limit (the one-GPU MoE: 12.8 GB of fp32
     gradients) the training stream and FSDP's stream then take turns freeing each other's
     cached blocks: two allocator retries and ~40 cudaFree per step, each a device sync
-    (docs/performance.md). Safe: FSDP's stream waits for the training stream before it
+    (docs/performance_sessions_3-4.md). Safe: FSDP's stream waits for the training stream before it
     writes, and the training stream waits for FSDP's before it reads or frees the grads.
     """
 
