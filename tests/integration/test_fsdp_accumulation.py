@@ -2,6 +2,10 @@
 ZeRO-2 mode (fsdp_reshard_after_forward = "never") gathers the weights once per step, and on
 one rank the gradients are reduced (copied into the fp32 shards) once per step."""
 
+import functools
+from dataclasses import replace
+
+import pytest
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import FSDPModule
@@ -11,11 +15,17 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceS
 from tests.dist_utils import run_distributed
 from tests.integration.parallel_harness import assert_same_training, build_trainer
 from torchtitan_ablate.distributed.fsdp import OneRankReduceScatter
+from torchtitan_ablate.models.qwen3 import qwen3_flavors
 
 ARGS = ["--training.data_sharding", "rows", "--training.global_batch_size", "8"]
 
 
-def _train_counting_gathers(dump_folder: str, args: list[str], gather_once: bool) -> dict:
+def _train_counting_gathers(
+    dump_folder: str, args: list[str], gather_once: bool, tied: bool = True
+) -> dict:
+    if not tied:  # untied tables are their own FSDP group (8B and larger flavors)
+        debug = qwen3_flavors["debugmodel"]
+        qwen3_flavors["debugmodel"] = replace(debug, tie_embeddings=False)
     trainer = build_trainer(dump_folder, args)
     trainer.model.fsdp_gather_once_per_step &= gather_once
     calls = []
@@ -41,12 +51,14 @@ def _train_counting_gathers(dump_folder: str, args: list[str], gather_once: bool
     return {"losses": losses, "all_gathers": len(calls)}
 
 
-def test_zero2_gathers_once_per_step_with_accumulation(tmp_path):
-    ref = run_distributed(_train_counting_gathers, 1, str(tmp_path / "ref"), ARGS, True)[0]
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_zero2_gathers_once_per_step_with_accumulation(tmp_path, tied):
+    ref = run_distributed(_train_counting_gathers, 1, str(tmp_path / "ref"), ARGS, True, tied)[0]
     zero2 = ARGS + ["--training.local_batch_size", "2"]  # 2 ranks x 2 rows x 2 micro-batches
     zero2 += ["--parallelism.fsdp_reshard_after_forward", "never"]
-    once = run_distributed(_train_counting_gathers, 2, str(tmp_path / "once"), zero2, True)[0]
-    every = run_distributed(_train_counting_gathers, 2, str(tmp_path / "every"), zero2, False)[0]
+    run = functools.partial(run_distributed, _train_counting_gathers, 2)
+    once = run(str(tmp_path / "once"), zero2, True, tied)[0]
+    every = run(str(tmp_path / "every"), zero2, False, tied)[0]
     for a, b in zip(once["losses"], ref["losses"], strict=True):
         assert abs(a - b) <= 1e-5 * abs(b), (once["losses"], ref["losses"])
     assert once["losses"] == every["losses"]

@@ -189,8 +189,10 @@ class Parallelism:
     """Keep sharded parameters, gradients and optimizer state in CPU memory (FSDP2 offload)."""
 
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
-    """never keeps gathered parameters until backward (ZeRO-2-like); always frees them after
-    forward (ZeRO-3); default = always except the root module."""
+    """never keeps gathered parameters until backward (ZeRO-2-like; under gradient accumulation
+    until the step's last backward); always frees them after forward (ZeRO-3); default = always
+    except the last block, whose backward starts at once. The final norm and output head (and
+    the tied table) stay gathered until backward in every mode."""
 
 
 @dataclass

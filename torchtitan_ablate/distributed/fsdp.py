@@ -1,4 +1,4 @@
-"""FSDP2 (fully_shard) per block, then embeddings / head, then the root; HSDP on a 2-D mesh.
+"""FSDP2 (fully_shard): embeddings, each block, norm + head, then the root; HSDP on a 2-D mesh.
 
 The trainer's loss is a sum divided by the global valid-token count on every rank, so the
 gradients must be *summed* across data-parallel ranks: FSDP's default averaging is turned off.
@@ -53,7 +53,8 @@ def apply_fsdp(
     tied = model.output is not None and model.output.weight is model.tok_embeddings.weight
     if not tied:
         # With tied weights the shared table must live in one FSDP group: the root's.
-        fully_shard(model.tok_embeddings, reshard_after_forward=True, **kwargs)
+        reshard = reshard_policy(reshard_after_forward, is_last_block=False)
+        fully_shard(model.tok_embeddings, reshard_after_forward=reshard, **kwargs)
     blocks = list(model.layers.values())
     for i, block in enumerate(blocks):
         reshard = reshard_policy(reshard_after_forward, i == len(blocks) - 1)
