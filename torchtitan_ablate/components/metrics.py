@@ -21,7 +21,7 @@ PEAK_TFLOPS = [("H200", 989.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0
 
 
 def device_peak_tflops(device: torch.device, override: float = -1.0) -> float | None:
-    """The device's bf16 peak, or None when unknown (CPU): MFU is then not reported."""
+    """The device's bf16 peak, or None when unknown (CPU): MFU is then logged as 0."""
     if override > 0:
         return override
     if device.type != "cuda":

@@ -148,8 +148,9 @@ def _model_parity(
 
 
 def test_model_matches_single_process() -> None:
-    losses = run_distributed(_model_parity, CP)
-    assert losses[0] == losses[1]
+    # Each rank also compared every gradient with the reference model's (inside the worker).
+    for cp_loss, ref_loss in run_distributed(_model_parity, CP):
+        assert cp_loss == pytest.approx(ref_loss, rel=1e-5), (cp_loss, ref_loss)
 
 
 def _shard_round_trip() -> None:

@@ -21,26 +21,38 @@ def _config(base: list[str], world_size: int, *extra: str):
     return load_config([*base, "--memory_estimation.world_size", str(world_size), *extra])
 
 
+CP2 = ["--parallelism.context_parallel_degree", "2"]
+HSDP = ["--parallelism.data_parallel_replicate_degree", "2"]
+
+
 @pytest.mark.parametrize(
     "base, world_size, extra",
     [
         (DENSE, 4, []),
         (DENSE, 2, ["--activation_checkpoint.mode", "full"]),
         (DENSE, 2, ["--activation_checkpoint.mode", "selective"]),
-        (DENSE, 2, ["--context_parallel_degree_placeholder"]),
+        (DENSE, 2, CP2),
         (DENSE, 2, ["--float8.enable", "true"]),
         (MOE, 2, ["--parallelism.expert_parallel_degree", "2"]),
-        (DENSE, 4, ["--parallelism.data_parallel_replicate_degree", "2"]),
+        (DENSE, 4, HSDP),
     ],
     ids=["fsdp4", "ac_full", "ac_selective", "cp2", "float8", "ep2", "hsdp"],
 )
 def test_estimate_runs(base, world_size, extra):
-    if extra == ["--context_parallel_degree_placeholder"]:
-        extra = ["--parallelism.context_parallel_degree", "2"]
     est = estimate(_config(base, world_size, *extra))
     cats = est["by_category"]
     assert est["peak_gib"] > 0 and cats["parameters"] > 0 and cats["optimizer_states"] > 0
     assert abs(sum(cats.values()) - est["peak_gib"]) < 1e-6
+
+
+def test_layouts_move_memory_where_they_should():
+    fsdp2, fsdp4 = estimate(_config(DENSE, 2)), estimate(_config(DENSE, 4))
+    cp2, hsdp = estimate(_config(DENSE, 2, *CP2)), estimate(_config(DENSE, 4, *HSDP))
+    # CP splits each sequence over its ranks: fewer tokens' activations per rank than dp 2.
+    assert cp2["by_category"]["activations"] < fsdp2["by_category"]["activations"]
+    # HSDP shards over 2 of 4 ranks and replicates: twice FSDP-4's share of the weights.
+    shard4, shard2 = fsdp4["by_category"]["parameters"], hsdp["by_category"]["parameters"]
+    assert shard2 == pytest.approx(2 * shard4, rel=0.05), (shard2, shard4)
 
 
 def test_ac_full_saves_activation_memory():
