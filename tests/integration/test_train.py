@@ -33,7 +33,8 @@ def test_loss_falls_and_metrics_written(tmp_path, flavor):
         keys |= {"moe_aux_loss", "expert_load_imbalance"}
         assert lines[0]["moe_aux_loss"] > 0 and lines[0]["expert_load_imbalance"] >= 1.0
     assert keys <= set(lines[0])
-    assert (tmp_path / "config.toml").is_file()
+    written = load_config(["--job.config_file", str(tmp_path / "config.toml")])
+    assert written.model.flavor == flavor and written.training.steps == 25  # the resolved run
 
 
 @pytest.mark.parametrize("flavor", ["debugmodel", "debugmodel_moe"])
