@@ -34,7 +34,7 @@ def estimate_main(config: JobConfig) -> dict:
     fits, line = verdict(est, device_gib)
     tried: list[tuple[str, float | None]] = []
     if not fits:
-        for desc, overrides in candidate_knobs(config, est["world_size"])[:3]:
+        for desc, overrides in candidate_knobs(config, est["world_size"]):
             gib = None
             if est["seconds"] < VERIFY_BUDGET_S:
                 alt = apply_overrides(config, overrides)
@@ -42,7 +42,11 @@ def estimate_main(config: JobConfig) -> dict:
                     gib = required_gib(estimate(alt))
                 except ValueError:
                     continue  # e.g. the knob makes the layout invalid
+                if gib >= required_gib(est):
+                    continue  # e.g. one more rank adds NCCL's context and shards nothing
             tried.append((desc, gib))
+            if len(tried) == 3:
+                break
     print(format_report(est, device_gib, fits, line, tried))
     if config.memory_estimation.output:
         write_json(config.memory_estimation.output, est, device_gib, fits, tried)

@@ -64,15 +64,19 @@ def candidate_knobs(config: JobConfig, world_size: int) -> list[tuple[str, dict]
         )
     if t.local_batch_size > 1:
         half = t.local_batch_size // 2
+        # The global batch is the recipe: keep it, and the halved micro-batches accumulate.
+        dp = world_size // p.context_parallel_degree
+        global_batch = t.local_batch_size * dp if t.global_batch_size == -1 else t.global_batch_size
         out.append(
             (
-                f"--training.local_batch_size {half} (keep global_batch_size: grad accumulation)",
-                {"training.local_batch_size": half},
+                f"--training.local_batch_size {half} --training.global_batch_size "
+                f"{global_batch} (same global batch: gradient accumulation)",
+                {"training.local_batch_size": half, "training.global_batch_size": global_batch},
             )
         )
     out.append(
         (
-            f"--memory_estimation.world_size {2 * world_size} (twice the GPUs: larger shard)",
+            f"--memory_estimation.world_size {2 * world_size} (twice the GPUs: smaller shards)",
             {"memory_estimation.world_size": 2 * world_size},
         )
     )
@@ -108,11 +112,16 @@ def format_report(est: dict, device_gib: float, fits: bool, line: str, tried: li
     rows += [f"note: {n}" for n in est["notes"]]
     if fits:
         rows.append(f"verdict: {line}")
-    else:
+    elif tried:
         tries = "; ".join(
-            f"{desc} -> {gib:.1f} GiB" if gib is not None else desc for desc, gib in tried
+            f"{desc} -> {gib:.2f} GiB" if gib is not None else desc for desc, gib in tried
         )
         rows.append(f"verdict: {line}: try {tries}")
+    else:
+        rows.append(
+            f"verdict: {line}; no single change tried lowers it (activation checkpointing, "
+            "smaller micro-batches, more GPUs): weights, optimizer states and the CUDA context remain"
+        )
     return "\n".join(rows)
 
 

@@ -100,10 +100,27 @@ def test_json_schema(tmp_path, capsys):
     assert "fits in 80 GiB" in capsys.readouterr().out
 
 
-def test_does_not_fit_suggests_knobs(capsys):
-    estimate_main(_config(DENSE, 1, "--memory_estimation.device_memory_gib", "0.52"))
+def test_does_not_fit_suggests_knobs(capsys, tmp_path):
+    out_json = tmp_path / "est.json"
+    base = ["--job.config_file", "train_configs/debug_model.toml", "--training.seq_len", "256"]
+    base += ["--training.local_batch_size", "8", "--memory_estimation.device_memory_gib", "0.5"]
+    estimate_main(_config(base, 1, "--memory_estimation.output", str(out_json)))
     out = capsys.readouterr().out
     assert "does not fit" in out and "try --activation_checkpoint.mode full" in out
+    doc = json.loads(out_json.read_text())
+    # Only changes that lower the peak (one more rank would add NCCL's context here); a
+    # smaller micro-batch keeps the global batch.
+    assert doc["suggestions"] and all(s["peak_gib"] < doc["peak_gib"] for s in doc["suggestions"])
+    assert [s["change"] for s in doc["suggestions"]] == [
+        "--activation_checkpoint.mode full",
+        "--training.local_batch_size 4 --training.global_batch_size 8 "
+        "(same global batch: gradient accumulation)",
+    ]
+
+
+def test_does_not_fit_without_a_knob_says_so(capsys):
+    estimate_main(_config(DENSE, 1, "--memory_estimation.device_memory_gib", "0.52"))
+    assert "no single change tried lowers it" in capsys.readouterr().out
 
 
 def test_bad_input_is_one_line_exit_2():
