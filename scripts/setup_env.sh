@@ -20,11 +20,14 @@ else
   if ! "$_root/.venv/bin/python" -c "import torch" 2>/dev/null; then
     # Install torch first and pin it: resolving torchdata/torchao against an empty venv
     # would pull the newest CUDA build (several GB) even on a CPU-only machine.
-    $_pip "torch==${TORCH_VERSION:-2.13.0}" || { echo "could not install torch" >&2; exit 1; }
+    # TORCH_INDEX_URL: e.g. PyTorch's CPU index, where the default index serves a CUDA build.
+    $_pip ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==${TORCH_VERSION:-2.13.0}" \
+      || { echo "could not install torch" >&2; exit 1; }
   fi
   _constraints="$_root/.venv/torch-constraint.txt"
+  # (stderr dropped: torch warns that numpy is not installed yet)
   "$_root/.venv/bin/python" -c "import torch; print('torch==' + torch.__version__)" \
-    > "$_constraints"
+    > "$_constraints" 2>/dev/null
   _spec="$_root"
   [ "${EXTRAS:-}" = "dev" ] && _spec="$_root[dev]"
   $_pip -c "$_constraints" -e "$_spec" || { echo "pip install failed" >&2; exit 1; }
