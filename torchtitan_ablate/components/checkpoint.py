@@ -9,8 +9,9 @@ Layout: `<folder>/step-<N>/` is one DCP checkpoint. Its state dict holds
     is the same on every rank (rows sharding): then every rank loads `dataloader.rank0`.
 A save writes `step-<N>.tmp/` and rank 0 renames it to `step-<N>/` only after DCP has written
 `.metadata` on every rank, so a crash mid-save never leaves a `step-<N>` that resume would pick.
-Only `step-<N>` directories holding `.metadata` count as checkpoints; rank 0 removes leftover
-`.tmp` / `.deleting` directories at start.
+Only `step-<N>` directories holding `.metadata` count as checkpoints. checkpoint_folder.py holds
+the on-disk layout and its crash-safe changes (re-saves, crash recovery at start, pruning, setting
+aside the steps newer than an explicit `load_step`).
 """
 
 import logging
@@ -37,13 +38,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
+from torchtitan_ablate.components import checkpoint_folder as ckpt_dir
 from torchtitan_ablate.components.hf_checkpoint import load_hf_weights
+from torchtitan_ablate.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-_STALE_DIR = re.compile(r"^step-\d+\.(tmp|deleting)$")
-_METADATA = ".metadata"  # written last by DCP's coordinator: its presence marks a complete save
+_METADATA = ckpt_dir.METADATA
 _RESERVED = ("optimizer", "lr_scheduler", "step", "dataloader", "rng")
 # Optimizer state keyed by parameter FQN, so it reshards like the model does.
 _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -147,7 +148,7 @@ class _SchedulerList:
 
     def load_state_dict(self, states: list[dict[str, Any]]) -> None:
         if len(states) != len(self.schedulers):
-            raise ValueError(
+            raise ConfigError(
                 f"checkpoint has {len(states)} LR schedulers, run has {len(self.schedulers)}"
             )
         for sched, state in zip(self.schedulers, states):
@@ -155,8 +156,10 @@ class _SchedulerList:
 
 
 class CheckpointManager:
-    """Saves every `interval` steps into `<folder>/step-<N>/`, keeps the newest `keep_latest_k`
-    (<= 0 keeps all), and resumes from the newest complete step (or `load_step`).
+    """Saves every `interval` steps into `<folder>/step-<N>/`, keeps the step just saved and the
+    newest `keep_latest_k - 1` others (<= 0 keeps all), and resumes from the newest complete step
+    (or `load_step`). A user's mistake (a missing, damaged or mismatched checkpoint) raises
+    ConfigError naming the step folder and what to do.
 
     `enable=False` turns off saving and resuming from `folder`; `initial_load_path` (a model-only
     or full DCP checkpoint, or with `initial_load_format="hf"` an HF folder) still seeds the
@@ -181,9 +184,11 @@ class CheckpointManager:
         load_step: int = -1,
         states: dict[str, Stateful] | None = None,
         dataloader_state_shared: bool = False,
+        training_steps: int | None = None,
     ) -> None:
         """dataloader_state_shared: the loader's state is the same on every rank at a step
-        boundary (rows sharding, <= 1 worker), so it resumes from rank 0's at any world size."""
+        boundary (rows sharding, <= 1 worker), so it resumes from rank 0's at any world size.
+        training_steps: the run's last step, to warn when the resumed step leaves nothing to do."""
         if enable and interval <= 0:
             raise ValueError(f"checkpoint interval must be > 0, got {interval}")
         self.states = dict(states or {})
@@ -199,6 +204,7 @@ class CheckpointManager:
         self.initial_load_path = initial_load_path
         self.initial_load_format = initial_load_format
         self.load_step = load_step
+        self.training_steps = training_steps
         self.model = ModelWrapper(model_parts)
         self.optimizer = OptimizerWrapper(model_parts, optimizers)
         self.lr_schedulers = _Pickled(_SchedulerList(lr_schedulers))
@@ -209,11 +215,8 @@ class CheckpointManager:
         if enable:
             if self.rank == 0:
                 os.makedirs(folder, exist_ok=True)
-                for name in os.listdir(folder):
-                    if _STALE_DIR.match(name):
-                        logger.warning(f"removing incomplete checkpoint {folder}/{name}")
-                        shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
-            _barrier()
+                ckpt_dir.recover(folder)
+            _barrier()  # no rank lists or writes the folder while rank 0 tidies it
 
     def save(self, step: int, force: bool = False) -> bool:
         """Saves at `step` when enabled and (`step % interval == 0` or `force`); True if saved."""
@@ -229,67 +232,101 @@ class CheckpointManager:
         _dcp_save(state, tmp)
         _barrier()  # every rank's files and the .metadata are in tmp
         if self.rank == 0:
-            _fsync_dir(tmp)
-            if os.path.exists(final):  # re-saving a step: the new files replace the old ones
-                _remove(final)
-            os.rename(tmp, final)
-            _fsync_dir(self.folder)
-            self._prune()
+            ckpt_dir.replace(tmp, final)
+            ckpt_dir.prune(self.folder, self.keep_latest_k, keep=step)
         _barrier()  # nobody proceeds (or loads) before the rename
         logger.info(f"saved checkpoint {final} in {time.perf_counter() - t0:.1f}s")
         return True
 
     def load(self, step: int = -1) -> int:
         """Restores everything from `step` (-1: `load_step`, whose -1 means the newest complete
-        step); returns the step loaded, or 0 when there was nothing to resume."""
+        step); returns the step loaded, or 0 when there was nothing to resume.
+
+        Resuming from a step older than the newest complete one moves the newer steps to
+        `<folder>/abandoned/<time>/`: this run writes its own steps of those numbers, and neither
+        pruning nor a later resume may take the abandoned run's for them."""
         step = step if step >= 0 else self.load_step
         if self.enable:
             steps = self.complete_steps()
             if step >= 0 or steps:
-                step = step if step >= 0 else steps[-1]
+                explicit = step >= 0
+                step = step if explicit else steps[-1]
                 path = self._step_dir(step)
                 if not os.path.isdir(path):
-                    raise ValueError(
-                        f"checkpoint step {step} not found: {path} does not exist "
-                        f"(complete steps in {self.folder}: {steps})"
+                    raise ConfigError(
+                        f"checkpoint.load_step = {step}: {path} does not exist; complete steps "
+                        f"in {self.folder}: {steps or 'none'} (-1 resumes from the newest)"
                     )
                 if self.initial_load_path:
                     logger.info(f"resuming from {path}: initial_load_path is not used")
-                self._load_full(path, step)
+                try:
+                    self._load_full(path, step)
+                except _Damaged as e:
+                    others = [s for s in steps if s != step]
+                    raise ConfigError(
+                        f"{e}; delete {path}"
+                        + (
+                            f" or set checkpoint.load_step to another complete step {others}"
+                            if others
+                            else " to start afresh (there is no other complete step)"
+                        )
+                    ) from e
+                except _Mismatch as e:
+                    raise ConfigError(
+                        f"{e}; resume with the config that wrote it, or use another job.dump_folder"
+                    ) from e
+                if self.training_steps is not None and step >= self.training_steps:
+                    # Nothing is trained or saved, so the newer steps stay where they are.
+                    logger.warning(
+                        f"checkpoint step {step} >= training.steps = {self.training_steps}: "
+                        "nothing to train; raise training.steps to continue"
+                    )
+                elif explicit and steps and steps[-1] > step:
+                    self._set_aside_newer(step)
                 return step
         elif step >= 0:
             logger.warning(f"load_step={step} has no effect: checkpointing is disabled")
         if self.initial_load_path:
-            model_sd = self.model.state_dict()
-            if self.initial_load_format == "hf":
-                load_hf_weights(model_sd, self.initial_load_path)
-            else:
-                keys = _saved_keys(self.initial_load_path)
-                # LoRA adapters absent from a base checkpoint keep their initial values.
-                to_load = {k: v for k, v in model_sd.items() if k in keys or ".lora_" not in k}
-                _check_keys(self.initial_load_path, to_load, keys)
-                _dcp_load(to_load, self.initial_load_path)
-            self.model.load_state_dict(model_sd)
-            logger.info(
-                f"loaded model weights from {self.initial_load_path} ({self.initial_load_format})"
-            )
+            try:
+                self._load_initial()
+            except ConfigError as e:
+                raise ConfigError(
+                    f"checkpoint.initial_load_path = {self.initial_load_path}: {e}"
+                ) from e
         return 0
 
     def complete_steps(self) -> list[int]:
         """Steps in `folder` whose save finished (a `step-<N>` directory holding `.metadata`)."""
-        if not os.path.isdir(self.folder):
-            return []
-        steps = []
-        for name in os.listdir(self.folder):
-            match = _STEP_DIR.match(name)
-            if match and os.path.isfile(os.path.join(self.folder, name, _METADATA)):
-                steps.append(int(match.group(1)))
-            elif match:
-                logger.warning(f"ignoring {self.folder}/{name}: no {_METADATA}, not complete")
-        return sorted(steps)
+        return ckpt_dir.complete_steps(self.folder)
 
     def _step_dir(self, step: int) -> str:
-        return os.path.join(self.folder, f"step-{step}")
+        return ckpt_dir.step_dir(self.folder, step)
+
+    def _set_aside_newer(self, step: int) -> None:
+        _barrier()  # every rank is done reading the folder before it changes
+        if self.rank == 0:
+            moved, dest = ckpt_dir.set_aside_newer(self.folder, step)
+            if moved:
+                logger.warning(
+                    f"load_step {step} is older than the newest checkpoint: moved the abandoned "
+                    f"run's steps {moved} to {dest} (never pruned; delete them when not needed)"
+                )
+        _barrier()
+
+    def _load_initial(self) -> None:
+        model_sd = self.model.state_dict()
+        if self.initial_load_format == "hf":
+            load_hf_weights(model_sd, self.initial_load_path)
+        else:
+            keys = _saved_keys(self.initial_load_path)
+            # LoRA adapters absent from a base checkpoint keep their initial values.
+            to_load = {k: v for k, v in model_sd.items() if k in keys or ".lora_" not in k}
+            _check_keys(self.initial_load_path, to_load, keys)
+            _dcp_load(to_load, self.initial_load_path)
+        self.model.load_state_dict(model_sd)
+        logger.info(
+            f"loaded model weights from {self.initial_load_path} ({self.initial_load_format})"
+        )
 
     def _states(self, step: int, for_load: bool, saved_ranks: set[int] | None = None) -> dict:
         """Everything but the model. On load, per-rank entries are only asked for when the
@@ -327,16 +364,26 @@ class CheckpointManager:
             state.pop(f"dataloader.rank{self.rank}", None)
             logger.warning(f"checkpoint {path} has no data loader state: data restarts")
         _check_keys(path, state, keys)
+        # A smaller model would load silently from a bigger one's checkpoint: refuse it. Other
+        # ranks' (or a skipped) data loader and RNG entries are expected to be left unread.
+        extra = [
+            k
+            for k in keys
+            if not k.startswith(("dataloader.", "rng."))
+            and not any(".".join(k.split(".")[:i]) in state for i in range(1, k.count(".") + 2))
+        ]
+        if extra:
+            raise _Mismatch(
+                f"checkpoint {path} holds {len(extra)} model entries this run lacks (saved by "
+                f"another model or config?): {sorted(extra)[:8]}"
+            )
         _dcp_load(state, path)
         if state["step"] != step:
-            raise ValueError(f"checkpoint {path} holds step {state['step']}, expected {step}")
+            raise ConfigError(
+                f"checkpoint {path} holds step {state['step']}, not {step} (was it renamed?)"
+            )
         self.model.load_state_dict(state)
         logger.info(f"loaded checkpoint {path}")
-
-    def _prune(self) -> None:
-        if self.keep_latest_k > 0:
-            for old in self.complete_steps()[: -self.keep_latest_k]:
-                _remove(self._step_dir(old))
 
 
 def _barrier() -> None:
@@ -350,24 +397,54 @@ def _dcp_save(state: dict[str, Any], path: str) -> None:
         dcp.save(state, checkpoint_id=path, no_dist=not dist.is_initialized())
 
 
+class _Damaged(ConfigError):
+    """A checkpoint's files are missing, cut short or unreadable."""
+
+
+class _Mismatch(ConfigError):
+    """A checkpoint that does not fit this run's model or states."""
+
+
 def _dcp_load(state: dict[str, Any], path: str) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         try:
             dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
-        except Exception as e:  # DCP raises on every rank, so all ranks fail alike
-            raise ValueError(f"cannot load checkpoint {path}: {type(e).__name__}: {e}") from e
+        # DCP gathers every rank's failure into a CheckpointException, a BaseException, raised
+        # on every rank alike.
+        except (Exception, dcp.CheckpointException) as e:
+            cause, where = _cause(e)
+            # DCP's planner reports shape and key mismatches as ValueError / KeyError; anything
+            # else (a missing file, a cut-off pickle or zip) is damage to the files.
+            kind = _Mismatch if isinstance(cause, (ValueError, KeyError)) else _Damaged
+            raise kind(f"cannot load checkpoint {path}: {_one_line(cause)}{where}") from e
+
+
+def _cause(e: BaseException) -> tuple[BaseException, str]:
+    """The first rank's underlying error and where (DCP's own message is a multi-rank trace).
+    An interrupt that DCP wrapped is raised as it is: it is not the checkpoint's fault."""
+    if isinstance(e, dcp.CheckpointException) and e.failures:
+        rank, (cause, _) = min(e.failures.items())
+        if not isinstance(cause, Exception):
+            raise cause
+        return cause, f" (rank {rank})"
+    return e, ""
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    return text if len(text) <= 300 else f"{text[:300]}..."
 
 
 def _saved_keys(path: str) -> set[str]:
-    """The flattened keys a complete DCP checkpoint holds; ValueError if it is not one."""
+    """The flattened keys a complete DCP checkpoint holds; ConfigError if it is not one."""
     if not os.path.isfile(os.path.join(path, _METADATA)):
         found = sorted(os.listdir(path))[:10] if os.path.isdir(path) else "nothing"
-        raise ValueError(f"{path} is not a complete DCP checkpoint: no {_METADATA} (found {found})")
+        raise _Damaged(f"{path} is not a complete DCP checkpoint: no {_METADATA} (found {found})")
     try:
         metadata = dcp.FileSystemReader(path).read_metadata()
     except Exception as e:
-        raise ValueError(f"cannot read {path}/{_METADATA}: {type(e).__name__}: {e}") from e
+        raise _Damaged(f"cannot read {path}/{_METADATA}: {_one_line(e)}") from e
     return set(metadata.state_dict_metadata)
 
 
@@ -375,23 +452,7 @@ def _check_keys(path: str, state: dict[str, Any], keys: set[str]) -> None:
     """Names what a checkpoint lacks up front (DCP would stop at the first missing key)."""
     missing = [k for k in state if k not in keys and not any(s.startswith(f"{k}.") for s in keys)]
     if missing:
-        raise ValueError(f"checkpoint {path} lacks {len(missing)} entries: {sorted(missing)[:8]}")
-
-
-def _remove(path: str) -> None:
-    """Renames first, so a crash mid-delete leaves a `.deleting` dir, never a broken `step-N`."""
-    trash = f"{path}.deleting"
-    os.rename(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def _fsync_dir(path: str) -> None:
-    """Makes renames and new entries in `path` durable (no-op where dirs cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        raise _Mismatch(
+            f"checkpoint {path} lacks {len(missing)} entries this run needs (saved by another "
+            f"model or config?): {sorted(missing)[:8]}"
+        )

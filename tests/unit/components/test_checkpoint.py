@@ -1,7 +1,9 @@
 """CheckpointManager: exact resume, interval/pruning, crash safety, FSDP2 on 2 ranks and 2 -> 1."""
 
+import logging
 import os
 import random
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +21,9 @@ from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.dist_utils import run_distributed
+from torchtitan_ablate.components import checkpoint_folder
 from torchtitan_ablate.components.checkpoint import CheckpointManager, TrainState
+from torchtitan_ablate.config import ConfigError
 
 
 class ToyLoader:
@@ -126,8 +130,8 @@ def test_interval_force_and_pruning(tmp_path):
     assert mgr.save(7, force=True)  # re-saving a step replaces it
     assert sorted(os.listdir(tmp_path)) == ["step-6", "step-7"]
     assert mgr.load() == 7
-    assert mgr.load(6) == 6
-    with pytest.raises(ValueError, match="step-5 does not exist"):
+    assert mgr.load(6) == 6  # sets step 7 aside (test_older_load_step_sets_newer_steps_aside)
+    with pytest.raises(ConfigError, match=r"step-5 does not exist; complete steps .*: \[6\]"):
         mgr.load(5)
 
     keep_all = _manager(tmp_path / "all", model, opt, sched, None, interval=1, keep=0)
@@ -157,6 +161,92 @@ def test_crash_leftovers_are_ignored(tmp_path):
     (tmp_path / "step-9" / ".metadata").write_bytes(b"garbage")
     with pytest.raises(ValueError, match=r"cannot read .*step-9/\.metadata"):
         mgr.load()
+
+
+def test_damaged_or_mismatched_checkpoint_is_a_config_error(tmp_path):
+    model, opt, sched = _build(0)
+    mgr = _manager(tmp_path, model, opt, sched, ToyLoader(0))
+    mgr.save(1)
+    mgr.save(2)
+    (data,) = (tmp_path / "step-2").glob("*.distcp")
+    data.write_bytes(data.read_bytes()[:100])  # cut short: DCP fails with EOFError
+    delete_hint = r"delete .*step-2 or set checkpoint.load_step to another complete step \[1\]$"
+    with pytest.raises(ConfigError, match=rf"step-2: EOFError: .*{delete_hint}"):
+        mgr.load()
+    data.unlink()  # missing: DCP fails with FileNotFoundError
+    with pytest.raises(ConfigError, match=rf"step-2: FileNotFoundError: .*{delete_hint}"):
+        mgr.load()
+    assert mgr.complete_steps() == [1, 2]  # no silent fallback, nothing removed
+    (tmp_path / "step-2" / ".metadata").write_bytes(b"garbage")
+    with pytest.raises(ConfigError, match=rf"cannot read .*step-2/\.metadata: .*{delete_hint}"):
+        mgr.load()
+
+    # Another model in the same folder: neither a smaller nor a bigger one loads.
+    for hidden in ([8], [16, 16]):
+        sizes = [8, *hidden, 1]
+        other = nn.Sequential(*[nn.Linear(a, b) for a, b in zip(sizes, sizes[1:])])
+        opt = torch.optim.AdamW(other.parameters())
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        with pytest.raises(ConfigError, match=r"step-1 .*resume with the config that wrote it"):
+            _manager(tmp_path, other, opt, sched, ToyLoader(0)).load(1)
+
+
+def test_older_load_step_sets_newer_steps_aside(tmp_path, caplog):
+    model, opt, sched = _build(0)
+    mgr = _manager(tmp_path, model, opt, sched, None, keep=0)
+    for step in range(1, 5):
+        mgr.save(step)
+
+    mgr = _manager(tmp_path, model, opt, sched, None, keep=1, load_step=2, training_steps=2)
+    with caplog.at_level(logging.WARNING):
+        assert mgr.load() == 2
+    assert "checkpoint step 2 >= training.steps = 2: nothing to train" in caplog.text
+    assert mgr.complete_steps() == [1, 2, 3, 4]  # nothing trains, so nothing is set aside
+
+    mgr = _manager(tmp_path, model, opt, sched, None, keep=1, load_step=2, training_steps=4)
+    assert mgr.load() == 2
+    (aside,) = (tmp_path / "abandoned").iterdir()
+    assert sorted(os.listdir(aside)) == ["step-3", "step-4"]
+    assert mgr.complete_steps() == [1, 2]
+    assert mgr.save(3)  # keep 1: the new step-3 survives, only it is left
+    assert mgr.complete_steps() == [3]
+    assert CheckpointManager.complete_steps(_manager(aside, model, opt, sched, None)) == [3, 4]
+    assert _manager(tmp_path, model, opt, sched, None).load() == 3
+
+    # Without a load (no set-aside), pruning still spares the step just saved.
+    mgr = _manager(tmp_path / "p", model, opt, sched, None, keep=0)
+    for step in (1, 3, 4):
+        mgr.save(step)
+    _manager(tmp_path / "p", model, opt, sched, None, keep=2).save(2)
+    assert sorted(os.listdir(tmp_path / "p")) == ["step-2", "step-4"]
+
+
+def test_resave_that_dies_midway_keeps_the_step(tmp_path, monkeypatch):
+    model, opt, sched = _build(0)
+    mgr = _manager(tmp_path, model, opt, sched, ToyLoader(0))
+    mgr.save(3)
+    rename = os.rename
+
+    def crash_before_new_is_in_place(src, dst):
+        if str(src).endswith("step-3.tmp"):
+            raise OSError("simulated crash")
+        rename(src, dst)
+
+    monkeypatch.setattr(checkpoint_folder.os, "rename", crash_before_new_is_in_place)
+    with pytest.raises(OSError, match="simulated crash"):
+        mgr.save(3, force=True)
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["step-3.replaced", "step-3.tmp"]
+    mgr = _manager(tmp_path, model, opt, sched, ToyLoader(0))
+    assert sorted(os.listdir(tmp_path)) == ["step-3"]  # restored; the unfinished save removed
+    assert mgr.load() == 3
+
+    # Died after the swap, before the old copy was removed: the new step stays.
+    shutil.copytree(tmp_path / "step-3", tmp_path / "step-3.replaced")
+    (tmp_path / "step-3" / "new").touch()
+    _manager(tmp_path, model, opt, sched, ToyLoader(0))
+    assert sorted(os.listdir(tmp_path)) == ["step-3"]
+    assert (tmp_path / "step-3" / "new").exists()
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -204,7 +294,11 @@ def _fsdp_save_and_resume(folder: str) -> tuple:
     loader = ToyLoader(0)
     mgr = _manager(folder, model, opt, sched, loader)
     assert mgr.load() == 3
-    return expected, _train(model, opt, sched, iter(loader), 3), full
+    got = _train(model, opt, sched, iter(loader), 3)
+    mgr.save(6)
+    assert mgr.load(3) == 3  # rank 0 sets step 6 aside while the others wait
+    assert mgr.complete_steps() == [3]
+    return expected, got, full
 
 
 @pytest.mark.slow
