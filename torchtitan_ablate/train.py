@@ -293,6 +293,7 @@ class Trainer:
             initial_load_path=config.checkpoint.initial_load_path,
             initial_load_format=config.checkpoint.initial_load_format,
             load_step=config.checkpoint.load_step,
+            training_steps=config.training.steps,
             dataloader_state_shared=state_same_on_every_rank(
                 config.training.data_sharding, config.training.num_workers
             ),
