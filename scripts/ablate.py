@@ -6,8 +6,9 @@
     python scripts/ablate.py ABLATION.toml --resume       # skip runs that finished before
     python scripts/ablate.py --report OUT                 # rebuild the report from finished runs
 
-Exit code 2 for a bad ablation file, --set or variant (one line naming it), 0 otherwise: a
-failed run is recorded in the report and the others go on. See docs/ablation.md.
+Exit code 2 for a bad ablation file, option, --set or variant, or a --report folder without
+ablation.json (one line naming it), 0 otherwise: a failed run is recorded in the report and the
+others go on. See docs/ablation.md.
 """
 
 import argparse
@@ -39,6 +40,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.ablation and not args.report:
         p.error("give an ablation file, or --report DIR")
+    if args.ngpu is not None and args.ngpu < 1:
+        p.error(f"--ngpu {args.ngpu}: processes per run, at least 1")
+    if not args.timeout >= 0:  # also rejects nan
+        p.error(f"--timeout {args.timeout:g}: seconds per run, 0 (no limit) or more")
     return args
 
 
@@ -85,12 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     from torchtitan_ablate.ablate.report import write_report
     from torchtitan_ablate.ablate.runner import make_plan, run_all, write_plan
 
-    if report_dir:
-        rows = write_report(report_dir)
-        print("\n".join(r["verdict"] for r in rows))
-        print(f"report: {report_dir / 'report.md'}")
-        return 0
     try:
+        if report_dir:
+            rows = write_report(report_dir)
+            print("\n".join(r["verdict"] for r in rows))
+            print(f"report: {report_dir / 'report.md'}")
+            return 0
         spec = load_spec(ablation)
         sets = parse_sets(args.set)
     except AblationError as e:

@@ -16,6 +16,7 @@ where host syncs come from.
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import sys
@@ -240,6 +241,14 @@ def main(argv: list[str]) -> list[dict]:
     )
     parser.add_argument("--profile", action="store_true", help="kernel-class breakdown")
     args, rest = parser.parse_known_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: timed steps, at least 1")
+    if args.warmup < 0:
+        parser.error(f"--warmup {args.warmup}: warm-up steps, 0 or more")
+    # Checked before the engine's benchmark, which would otherwise run only to fail afterwards.
+    if args.peer == "hf" and importlib.util.find_spec("transformers") is None:
+        print("bench: --peer hf needs transformers: pip install transformers", file=sys.stderr)
+        raise SystemExit(2)
     with exit_on_config_error():
         config = load_config(rest)
         engine, batches = bench_engine(config, args.warmup, args.steps, args.profile)

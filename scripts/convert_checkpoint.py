@@ -20,9 +20,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shutil
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import tomllib
@@ -55,6 +58,16 @@ def find_run_config(dcp_dir: Path) -> dict | None:
     return None
 
 
+def _hf_args(path: Path) -> Qwen3ModelArgs:
+    """hf_model_args for a folder or a config.json file; ValueError for a non-Qwen3 config."""
+    try:
+        if path.is_file():
+            return Qwen3ModelArgs.from_hf_config(json.loads(path.read_text()))
+        return hf_model_args(path)
+    except KeyError as e:
+        raise ValueError(f"{path}: the HF config lacks {e}; is it a Qwen3 model?") from None
+
+
 def resolve_args(flavor: str | None, run: dict | None, dcp_dir: Path) -> Qwen3ModelArgs:
     model = (run or {}).get("model", {})
     ckpt = (run or {}).get("checkpoint", {})
@@ -62,16 +75,19 @@ def resolve_args(flavor: str | None, run: dict | None, dcp_dir: Path) -> Qwen3Mo
     if name in qwen3_flavors:
         args = qwen3_flavors[name]
     elif name and name != "auto":
-        path = Path(name)
-        args = Qwen3ModelArgs.from_hf_config(json.loads(path.read_text())) if path.is_file() else (
-            hf_model_args(path)
-        )  # fmt: skip
+        if not Path(name).exists():
+            where = "--flavor" if flavor else "model.flavor of the run's config.toml:"
+            raise ValueError(
+                f"{where} {name!r} is neither a flavor name ({', '.join(qwen3_flavors)}) nor an "
+                "existing HF folder / config.json"
+            )
+        args = _hf_args(Path(name))
     elif name == "auto" and ckpt.get("initial_load_path"):
-        args = hf_model_args(ckpt["initial_load_path"])
+        args = _hf_args(Path(ckpt["initial_load_path"]))
     elif (dcp_dir / "config.json").is_file():
-        args = hf_model_args(dcp_dir)
+        args = _hf_args(dcp_dir)
     else:
-        raise SystemExit(
+        raise ValueError(
             f"cannot tell the model sizes of {dcp_dir}: pass --flavor (a flavor name or an HF "
             "folder / config.json), or keep the run's config.toml next to the checkpoint"
         )
@@ -80,9 +96,41 @@ def resolve_args(flavor: str | None, run: dict | None, dcp_dir: Path) -> Qwen3Mo
     return args
 
 
+def check_sizes(found: dict[str, tuple[int, ...]], args: Qwen3ModelArgs, dcp_dir: Path) -> None:
+    """The checkpoint holds every weight of the model sizes, in their shapes: a wrong --flavor
+    is named before anything is loaded or written."""
+    expected = Qwen3StateDictAdapter(args).native_shapes()
+    if args.tie_embeddings:
+        expected.pop("output.weight", None)  # tied checkpoints may store it once
+    missing = [k for k in expected if k not in found]
+    wrong = [k for k in expected if k in found and tuple(found[k]) != tuple(expected[k])]
+    if missing or wrong:
+        key = (wrong or missing)[0]
+        example = (
+            f"{key} is {list(found[key])}, the sizes say {list(expected[key])}"
+            if wrong
+            else f"no {key}"
+        )
+        raise ValueError(
+            f"{dcp_dir} does not match the model sizes ({len(wrong)} entries of another shape, "
+            f"{len(missing)} missing; e.g. {example}): pass the --flavor it was trained with"
+        )
+
+
 def read_dcp_model(dcp_dir: Path, args: Qwen3ModelArgs) -> dict[str, torch.Tensor]:
     """The model entries (base weights and LoRA adapters) of a DCP checkpoint, as full tensors."""
+    if not (dcp_dir / ".metadata").is_file():
+        raise ValueError(
+            f"{dcp_dir} is not a DCP checkpoint (no .metadata): give a "
+            "<dump_folder>/checkpoint/step-N folder or one written by --to dcp"
+        )
     metadata = dcp.FileSystemReader(str(dcp_dir)).read_metadata()
+    tensors = {
+        k: tuple(m.size)
+        for k, m in metadata.state_dict_metadata.items()
+        if isinstance(m, TensorStorageMetadata)
+    }
+    check_sizes(tensors, args, dcp_dir)
     expected = Qwen3StateDictAdapter(args).native_shapes()
     state = {}
     for key, meta in metadata.state_dict_metadata.items():
@@ -102,7 +150,7 @@ def to_hf(dcp_dir: Path, out_dir: Path, flavor: str | None, dtype: str | None,
     if any(".lora_" in k for k in state):
         alpha = lora_alpha if lora_alpha is not None else (run or {}).get("lora", {}).get("alpha")
         if alpha is None:
-            raise SystemExit(
+            raise ValueError(
                 "the checkpoint holds LoRA adapters: pass --lora_alpha (no config.toml)"
             )
         state = merge_lora_state_dict(state, float(alpha))
@@ -123,13 +171,29 @@ def to_hf(dcp_dir: Path, out_dir: Path, flavor: str | None, dtype: str | None,
 
 
 def to_dcp(hf_dir: Path, out_dir: Path) -> list[str]:
-    args = hf_model_args(hf_dir)
+    args = _hf_args(hf_dir)
     folder = SafetensorsFolder(hf_dir)
     hf_sd = {k: folder.read(k, (slice(None),)) for k in folder.file_of}
     native = Qwen3StateDictAdapter(args).from_hf(hf_sd)  # tied: output.weight is the embedding
     dcp.save(native, checkpoint_id=str(out_dir), no_dist=True)
     shutil.copy(hf_dir / "config.json", out_dir / "config.json")
     return sorted(os.listdir(out_dir))
+
+
+def write_folder(out: Path, write: Callable[[Path], list[str]]) -> list[str]:
+    """Runs write(tmp) on a fresh folder beside out, then renames it to out: a failed
+    conversion leaves no partial (or empty) output behind."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out} exists and is not an empty folder: give a new output folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        files = write(tmp)
+        os.replace(tmp, out)  # rename(2) may replace an empty folder
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return files
 
 
 def main(argv: list[str] | None = None) -> list[str]:
@@ -142,12 +206,21 @@ def main(argv: list[str] | None = None) -> list[str]:
     p.add_argument("--max_shard_gib", type=float, default=5.0)
     p.add_argument("--lora_alpha", type=float, help="LoRA alpha when no config.toml is found")
     a = p.parse_args(argv)
+    if not (a.max_shard_gib > 0 and math.isfinite(a.max_shard_gib)):
+        p.error(f"--max_shard_gib {a.max_shard_gib:g}: the shard size in GiB, more than 0")
     if not a.src.is_dir():
-        raise SystemExit(f"{a.src} is not a folder")
-    if a.to == "hf":
-        files = to_hf(a.src, a.out, a.flavor, a.dtype, a.max_shard_gib, a.lora_alpha)
-    else:
-        files = to_dcp(a.src, a.out)
+        p.error(f"{a.src} is not a folder")
+
+    def convert(tmp: Path) -> list[str]:
+        if a.to == "hf":
+            return to_hf(a.src, tmp, a.flavor, a.dtype, a.max_shard_gib, a.lora_alpha)
+        return to_dcp(a.src, tmp)
+
+    try:
+        files = write_folder(a.out, convert)
+    except (ValueError, OSError) as e:  # unreadable, mismatching or missing inputs
+        print(f"convert_checkpoint: error: {str(e).splitlines()[0][:500]}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(f"wrote {a.out}: {', '.join(files)}")
     return files
 

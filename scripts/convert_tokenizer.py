@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run without installing
 
@@ -26,17 +28,33 @@ from torchtitan_ablate.components.tokenizer import (  # noqa: E402
 )
 
 
-def main() -> None:
+def _fail(message: str) -> NoReturn:
+    print(f"convert_tokenizer: error: {(message.splitlines() or [''])[0]}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tokenizer_json", type=Path)
     parser.add_argument("output", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         data = json.loads(args.tokenizer_json.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not a tokenizer.json object")
         ranks, specials, pattern = hf_tokenizer_json_to_ranks(data)
-    except (OSError, ValueError, KeyError) as e:
-        sys.exit(f"cannot convert {args.tokenizer_json}: {e}")
-    save_tiktoken_ranks(ranks, args.output)
+    except KeyError as e:
+        _fail(f"cannot convert {args.tokenizer_json}: no {e} entry; is it a BPE tokenizer.json?")
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        _fail(f"cannot convert {args.tokenizer_json}: {e}")
+    # Written beside the output and renamed: a failed write leaves no truncated ranks file.
+    tmp = args.output.with_name(f".{args.output.name}.{os.getpid()}.tmp")
+    try:
+        save_tiktoken_ranks(ranks, tmp)
+        os.replace(tmp, args.output)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        _fail(f"cannot write {args.output}: {e.strerror or e}")
     print(f"wrote {args.output}: {len(ranks)} ranks (0..{max(ranks.values())})")
     first = max(ranks.values()) + 1
     for i, name in enumerate(TIKTOKEN_SPECIALS):

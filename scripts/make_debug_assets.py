@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import random
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import regex
@@ -139,9 +141,22 @@ def make_corpus(num_docs: int = NUM_DOCS, seed: int = 1234) -> list[str]:
     return [make_document(rng, surnames) for _ in range(num_docs)]
 
 
-def write_corpus(corpus: list[str], path: Path) -> None:
+def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """write(tmp) beside path, then rename: an interrupted run never leaves a truncated asset."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus), encoding="ascii")
+    # Not mkstemp: its 0600 mode would survive the rename; a plain file gets the umask's mode.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_corpus(corpus: list[str], path: Path) -> None:
+    text = "".join(json.dumps({"text": t}) + "\n" for t in corpus)
+    write_atomically(path, lambda tmp: tmp.write_text(text, encoding="ascii"))
 
 
 def train_bpe(texts: list[str], num_ranks: int) -> dict[bytes, int]:
@@ -180,19 +195,19 @@ def write_assets(root: Path) -> list[Path]:
     corpus = make_corpus()
     data = root / "assets" / "data" / "debug_corpus.jsonl"
     tok = root / "assets" / "tokenizer" / "debug.tiktoken"
-    tok.parent.mkdir(parents=True, exist_ok=True)
     write_corpus(corpus, data)
-    save_tiktoken_ranks(train_bpe(corpus, VOCAB_SIZE - len(TIKTOKEN_SPECIALS)), tok)
+    ranks = train_bpe(corpus, VOCAB_SIZE - len(TIKTOKEN_SPECIALS))
+    write_atomically(tok, lambda tmp: save_tiktoken_ranks(ranks, tmp))
     return [data, tok]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the shipped files")
     parser.add_argument("--corpus-docs", type=int, help="write a corpus of this many documents")
     parser.add_argument("--corpus-out", type=Path, help="where --corpus-docs writes (jsonl)")
     parser.add_argument("--seed", type=int, help="generator seed for --corpus-docs (1234)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if (args.corpus_docs is None) != (args.corpus_out is None):
         parser.error("--corpus-docs and --corpus-out go together")
     if args.seed is not None and args.corpus_docs is None:
@@ -201,7 +216,12 @@ def main() -> None:
         if args.corpus_docs < 1:
             parser.error(f"--corpus-docs {args.corpus_docs}: give a positive number of documents")
         seed = 1234 if args.seed is None else args.seed
-        write_corpus(make_corpus(args.corpus_docs, seed), args.corpus_out)
+        try:
+            write_corpus(make_corpus(args.corpus_docs, seed), args.corpus_out)
+        except OSError as e:
+            problem = e.strerror or e
+            print(f"--corpus-out {args.corpus_out}: cannot write: {problem}", file=sys.stderr)
+            sys.exit(2)
         print(f"wrote {args.corpus_out} ({args.corpus_docs} documents)")
         return
     if not args.check:

@@ -2,16 +2,57 @@
 first logged step, TFLOP/s, MFU, peak memory and the loss at the last step.
 
     python scripts/summarize_runs.py outputs/run_a outputs/run_b ...
+
+A folder whose metrics.jsonl is missing, empty or unreadable gets a "failed" row and one line on
+stderr naming it; the exit code is then 2 (the other rows are still printed).
 """
 
+import argparse
 import json
 import statistics
 import sys
 from pathlib import Path
 
+KEYS = ("step", "loss", "tps", "tflops", "mfu", "memory_max_active_gib", "memory_max_reserved_gib")
+
+
+class MetricsError(ValueError):
+    """A metrics.jsonl that cannot be summarized; the message is the one line the user sees."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.problem = problem
+
+
+def read_rows(folder: Path) -> list[dict]:
+    path = folder / "metrics.jsonl"
+    if not path.is_file():
+        raise MetricsError(path, "not found (the run failed before logging, or not a run)")
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise MetricsError(path, f"cannot read: {e}") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise MetricsError(path, f"line {n} is not JSON: {line[:60]!r}") from None
+        if not isinstance(row, dict):
+            raise MetricsError(path, f"line {n} is not a JSON object")
+        bad = [k for k in KEYS if type(row.get(k)) not in (int, float)]
+        if bad:
+            raise MetricsError(path, f"line {n} lacks numeric {', '.join(bad)}")
+        rows.append(row)
+    if not rows:
+        raise MetricsError(path, "empty (the run logged no step)")
+    return rows
+
 
 def summarize(folder: Path) -> dict:
-    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x]
+    rows = read_rows(folder)
     steady = rows[1:] or rows
     return {
         "run": folder.name,
@@ -26,24 +67,33 @@ def summarize(folder: Path) -> dict:
     }
 
 
-def main(folders: list[str]) -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="run folders (job.dump_folder)")
+    args = parser.parse_args(argv)
     print(
         "| run | steps | loss first -> last | tokens/s/GPU | TFLOP/s | MFU % "
         "| active / reserved GiB |"
     )
     print("|---|---|---|---|---|---|---|")
-    for f in folders:
-        path = Path(f)
-        if not (path / "metrics.jsonl").is_file():
-            print(f"| {path.name} | failed: no metrics.jsonl | | | | | |")
+    errors = []
+    for path in args.folders:
+        try:
+            s = summarize(path)
+        except MetricsError as e:
+            errors.append(str(e))
+            print(f"| {path.name} | failed: {e.problem} | | | | | |")
             continue
-        s = summarize(path)
         print(
             f"| {s['run']} | {s['steps']} | {s['loss_first']:.3f} -> {s['loss_last']:.3f} | "
             f"{s['tps']:,.0f} | {s['tflops']:.1f} | {s['mfu']:.1f} | "
             f"{s['active_gib']:.1f} / {s['reserved_gib']:.1f} |"
         )
+    sys.stdout.flush()
+    for line in errors:
+        print(f"error: {line}", file=sys.stderr)
+    return 2 if errors else 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main())

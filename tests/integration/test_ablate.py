@@ -73,6 +73,21 @@ def test_unknown_set_key_is_an_error(capsys):
     assert rc == 2 and "unknown key 'training.stepz'" in capsys.readouterr().out
 
 
+def test_report_of_a_folder_without_a_plan_is_one_line(tmp_path, capsys):
+    assert ablate_cli.main(["--report", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ablation error: ") and "ablation.json" in err[0]
+
+
+@pytest.mark.parametrize(
+    "option, message", [(["--ngpu", "0"], "--ngpu 0"), (["--timeout", "-5"], "--timeout -5")]
+)
+def test_bad_options_exit_2(option, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        ablate_cli.main(["x.toml", *option])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
 ABLATION = """
 [ablation]
 config_file = "train_configs/debug_model.toml"

@@ -1,3 +1,4 @@
+import importlib.util
 import json
 import runpy
 
@@ -16,3 +17,30 @@ def test_bench_with_hf_peer_writes_a_row_per_model(tmp_path, monkeypatch, capsys
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert len(saved["rows"]) == 2
     assert "engine / hf_Qwen3ForCausalLM" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "option, message", [(["--steps", "0"], "--steps 0"), (["--warmup", "-1"], "--warmup -1")]
+)
+def test_bad_step_counts_exit_2(option, message, capsys):
+    bench = runpy.run_path("scripts/bench.py")
+    with pytest.raises(SystemExit) as e:
+        bench["main"](option)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_hf_peer_without_transformers_fails_before_benchmarking(monkeypatch, capsys):
+    bench = runpy.run_path("scripts/bench.py")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "transformers" else find_spec(name, *a),
+    )
+    # No config arguments: the check comes before the config is even read.
+    with pytest.raises(SystemExit) as e:
+        bench["main"](["--peer", "hf"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err == [
+        "bench: --peer hf needs transformers: pip install transformers"
+    ]

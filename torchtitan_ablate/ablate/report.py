@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from torchtitan_ablate.ablate.runner import PLAN_FILE, read_status
+from torchtitan_ablate.ablate.spec import AblationError
 
 COLUMNS = [
     "variant", "group", "status", "runs_ok", "runs", "tps_median", "tps_noise_pct", "speedup",
@@ -170,8 +171,19 @@ def compare(row: dict, base: dict) -> None:
     row["verdict"] = f"{name} vs {base['variant']}: " + "; ".join(parts)
 
 
+def read_plan(out: Path) -> dict:
+    """OUT/ablation.json; an AblationError when out is not an ablation's output folder."""
+    path = out / PLAN_FILE
+    if not path.is_file():
+        raise AblationError(f"{path} not found: give the --out folder of an ablation run")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise AblationError(f"{path}: cannot read the ablation plan: {e}") from None
+
+
 def build_rows(out: Path) -> tuple[dict, list[dict]]:
-    plan = json.loads((out / PLAN_FILE).read_text())
+    plan = read_plan(out)
     warmup = plan["spec"]["throughput_warmup_steps"]
     rows = [summarize_variant(v, out, warmup) for v in plan["variants"]]
     for row in rows:

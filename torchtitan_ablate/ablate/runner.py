@@ -6,7 +6,6 @@ each run folder gets train.log, the trainer's metrics.jsonl and config.toml, and
 (ok / failed with its error line). The report is built from these files only (report.py).
 """
 
-import inspect
 import json
 import os
 import re
@@ -28,29 +27,26 @@ ROOT = Path(__file__).resolve().parents[2]
 PLAN_FILE = "ablation.json"
 
 
-def _estimator():
-    """The memory estimator's `estimate(config) -> dict` (its package may expose the function
-    or the module of the same name)."""
-    from torchtitan_ablate.memory import estimate
-
-    return estimate.estimate if inspect.ismodule(estimate) else estimate
-
-
 def predict_memory(config: JobConfig, ngpu: int) -> dict[str, Any]:
-    """The memory estimator's per-GPU peak for this config, or "n/a" with the reason."""
+    """The memory estimator's per-GPU peak and the verdict estimation.py gives, or "n/a" with
+    the reason when the estimator cannot model this config."""
+    from torchtitan_ablate import memory
+    from torchtitan_ablate.memory.report import device_memory_gib, verdict
+
+    config.memory_estimation.world_size = ngpu
     try:
-        config.memory_estimation.world_size = ngpu
-        est = _estimator()(config)
-        peak = float(est["peak_gib"])
-        device = est.get("device_memory_gib") or config.memory_estimation.device_memory_gib
-        device = device if device > 0 else 80.0
-        fits = est.get("fits")
-        if fits is None:
-            fits = peak + est.get("context_gib", 0.0) <= device
-        return {"predicted_peak_gib": peak, "fits": fits, "device_memory_gib": device, "note": ""}
-    except Exception as e:  # the estimator is optional: its absence or failure is reported
-        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        est = memory.estimate(config)
+    except ConfigError as e:  # anything else is an estimator bug: let it surface
+        reason = (str(e).splitlines() or ["ConfigError"])[0]
         return {"predicted_peak_gib": None, "fits": None, "note": f"n/a: {reason}"}
+    device = device_memory_gib(config)
+    fits, _ = verdict(est, device)
+    return {
+        "predicted_peak_gib": est["peak_gib"],
+        "fits": fits,
+        "device_memory_gib": device,
+        "note": "",
+    }
 
 
 def check_layout(config: JobConfig, ngpu: int) -> dict[str, Any]:
@@ -124,7 +120,7 @@ def make_plan(
     argv: list[str],
     estimate: bool = True,
 ) -> dict[str, Any]:
-    ngpu = ngpu or spec.ngpu
+    ngpu = spec.ngpu if ngpu is None else ngpu
     return {
         "spec": asdict(spec),
         "ablation_file": ablation_file,

@@ -19,11 +19,15 @@
     group = "zero2"                         # optional: line name in the batch-size plot
     parallelism.fsdp_reshard_after_forward = "never"
 
+Names (the variants', [ablation] name) become folders: letters, digits, '_', '.', '-' only. A key
+given twice (e.g. "training.steps" = 1 beside training.steps = 2) and a repeated seed are errors.
+
 Precedence for one run: recipe < steps < [overrides] < variant < seed < --set. Whether a key
 exists and its value is valid is checked by the config loader itself (see runner.plan), so an
 override of a key the engine does not have is an error, never silently dropped.
 """
 
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +54,8 @@ ABLATION_KEYS = {
 }
 VARIANT_META_KEYS = {"group", "description"}
 RUNNER_OWNED = {"job.dump_folder", "job.config_file", "training.seed"}
+# Names become folders (OUT/runs/<variant>, outputs/ablations/<name>): no separators or "..".
+SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 @dataclass
@@ -97,15 +103,22 @@ def cli_arg(key: str, value: Any) -> str:
 
 def _flatten(table: dict[str, Any], where: str) -> dict[str, Any]:
     """{"training": {"seq_len": 64}} or {"training.seq_len": 64} -> {"training.seq_len": 64}."""
-    out = {}
+    out: dict[str, Any] = {}
+
+    def put(key: str, value: Any) -> None:
+        # TOML allows "training.steps" = 1 beside training.steps = 2: two spellings of one key.
+        if key in out:
+            raise AblationError(f"{where}: {key} is given twice; keep one")
+        out[key] = value
+
     for key, value in table.items():
         if isinstance(value, dict):
             for sub, v in value.items():
                 if isinstance(v, dict):
                     raise AblationError(f"{where}: {key}.{sub} is nested too deep; use section.key")
-                out[f"{key}.{sub}"] = v
+                put(f"{key}.{sub}", v)
         elif "." in key:
-            out[key] = value
+            put(key, value)
         else:
             raise AblationError(f"{where}: {key!r} is not a section.key override")
     for key in out:
@@ -114,10 +127,21 @@ def _flatten(table: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
+def check_name(name: str, what: str) -> None:
+    if not SAFE_NAME.fullmatch(name) or name in (".", ".."):
+        raise AblationError(
+            f"{what} {name!r}: names become folders; use letters, digits, '_', '.' and '-' only"
+        )
+
+
 def _variant(name: str, table: Any, where: str) -> Variant:
+    check_name(name, f"{where}: variant")
     if not isinstance(table, dict):
         raise AblationError(f"{where}: [variants.{name}] must be a table of section.key = value")
-    meta = {k: table[k] for k in VARIANT_META_KEYS if isinstance(table.get(k), str)}
+    for key in VARIANT_META_KEYS & set(table):
+        if not isinstance(table[key], str):
+            raise AblationError(f"{where}: [variants.{name}] {key} = {table[key]!r}: a string")
+    meta = {k: table[k] for k in VARIANT_META_KEYS & set(table)}
     rest = {k: v for k, v in table.items() if k not in meta}
     return Variant(name, _flatten(rest, f"{where} [variants.{name}]"), **meta)
 
@@ -133,19 +157,15 @@ def parse_sets(sets: list[str]) -> list[str]:
     return list(sets)
 
 
-def load_spec(path: str | Path) -> AblationSpec:
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise AblationError(f"{path}: cannot read the ablation file: {e}") from None
-    unknown = set(data) - {"ablation", "overrides", "variants"}
-    if unknown:
-        raise AblationError(
-            f"{path}: unknown table(s) {sorted(unknown)}; allowed: [ablation], [overrides], "
-            "[variants.NAME]"
-        )
-    head = data.get("ablation", {})
+def _table(data: dict[str, Any], key: str, path: Path, shape: str) -> dict[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise AblationError(f"{path}: {key} = {value!r}: must be a table, {shape}")
+    return value
+
+
+def _check_head(head: dict[str, Any], path: Path) -> None:
+    """The type and range of every [ablation] value."""
     bad = set(head) - ABLATION_KEYS
     if bad:
         raise AblationError(
@@ -154,26 +174,55 @@ def load_spec(path: str | Path) -> AblationSpec:
         )
     if "config_file" not in head:
         raise AblationError(f"{path}: [ablation] needs config_file (the base recipe)")
-    variants = [_variant(n, t, str(path)) for n, t in data.get("variants", {}).items()]
-    if not variants:
-        raise AblationError(f"{path}: no [variants.NAME] tables; at least one is needed")
+    for key in ("name", "description", "config_file"):
+        value = head.get(key, "")
+        if not isinstance(value, str) or (key == "config_file" and not value):
+            kind = "a path (string)" if key == "config_file" else "a string"
+            raise AblationError(f"{path}: [ablation] {key} = {value!r}: {kind}")
+    if "name" in head:
+        check_name(head["name"], f"{path}: [ablation] name")
     seeds = head.get("seeds")
     if seeds is not None and (
         not isinstance(seeds, list) or not seeds or not all(type(s) is int for s in seeds)
     ):
         raise AblationError(f"{path}: seeds = {seeds!r}: a non-empty list of integers")
+    if seeds and len(set(seeds)) != len(seeds):
+        raise AblationError(f"{path}: seeds = {seeds!r}: each seed once (one run folder each)")
     for key in ("ngpu", "steps", "throughput_warmup_steps"):
         value = head.get(key)
-        if value is not None and (type(value) is not int or value < (0 if "warmup" in key else 1)):
-            raise AblationError(f"{path}: {key} = {value!r}: a positive integer")
+        low = 0 if "warmup" in key else 1
+        if value is not None and (type(value) is not int or value < low):
+            kind = "a non-negative integer" if low == 0 else "a positive integer"
+            raise AblationError(f"{path}: {key} = {value!r}: {kind}")
+
+
+def load_spec(path: str | Path) -> AblationSpec:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise AblationError(f"{path}: cannot read the ablation file: {e}") from None
+    unknown = set(data) - {"ablation", "overrides", "variants"}
+    if unknown:
+        raise AblationError(
+            f"{path}: unknown table(s) {sorted(unknown)}; allowed: [ablation], [overrides], "
+            "[variants.NAME]"
+        )
+    head = _table(data, "ablation", path, "[ablation]")
+    overrides = _table(data, "overrides", path, "[overrides] of section.key = value")
+    tables = _table(data, "variants", path, "one [variants.NAME] per variant")
+    _check_head(head, path)
+    variants = [_variant(n, t, str(path)) for n, t in tables.items()]
+    if not variants:
+        raise AblationError(f"{path}: no [variants.NAME] tables; at least one is needed")
     return AblationSpec(
         name=head.get("name", path.stem),
         description=head.get("description", ""),
         config_file=head["config_file"],
         variants=variants,
-        overrides=_flatten(data.get("overrides", {}), f"{path} [overrides]"),
+        overrides=_flatten(overrides, f"{path} [overrides]"),
         ngpu=head.get("ngpu", 1),
-        seeds=seeds,
+        seeds=head.get("seeds"),
         steps=head.get("steps"),
         throughput_warmup_steps=head.get("throughput_warmup_steps", 1),
     )

@@ -65,6 +65,22 @@ def test_cli_arg_values():
         ("[ablation]\nconfig_file='x'\nseeds=[]\n[variants.a]\n", "seeds = []"),
         ("[ablation]\nconfig_file='x'\n[variantz.a]\n", "unknown table"),
         ("[ablation\n", "cannot read"),
+        ("ablation = 3\n", "ablation = 3: must be a table"),
+        ("overrides = 3\n[ablation]\nconfig_file='x'\n[variants.a]\n", "overrides = 3"),
+        ("variants = 3\n[ablation]\nconfig_file='x'\n", "variants = 3"),
+        ("[ablation]\nconfig_file=5\n[variants.a]\n", "config_file = 5: a path"),
+        ("[ablation]\nconfig_file='x'\nname=5\n[variants.a]\n", "name = 5: a string"),
+        ("[ablation]\nconfig_file='x'\nname='../x'\n[variants.a]\n", "names become folders"),
+        ("[ablation]\nconfig_file='x'\nngpu=0\n[variants.a]\n", "ngpu = 0: a positive"),
+        ("[ablation]\nconfig_file='x'\nseeds=[1, 1]\n[variants.a]\n", "each seed once"),
+        ("[ablation]\nconfig_file='x'\n[variants.'../../escape']\n", "names become folders"),
+        ("[ablation]\nconfig_file='x'\n[variants.'..']\n", "names become folders"),
+        ("[ablation]\nconfig_file='x'\n[variants.a]\ngroup=3\n", "group = 3: a string"),
+        (
+            "[ablation]\nconfig_file='x'\n[overrides]\n'training.steps'=3\ntraining.steps=4\n"
+            "[variants.a]\n",
+            "training.steps is given twice",
+        ),
     ],
 )
 def test_bad_files_name_the_problem(tmp_path, text, message):

@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SPEC = importlib.util.spec_from_file_location("compare_runs", "scripts/compare_runs.py")
 compare_runs = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(compare_runs)
@@ -30,3 +32,39 @@ def test_failed_run_without_metrics_fails(tmp_path, capsys):
     ref = _run(tmp_path / "ref", [10.0])
     assert compare_runs.main([ref, str(tmp_path / "missing")]) == 1
     assert "the run failed" in capsys.readouterr().out
+
+
+def test_empty_run_metrics_is_a_failed_run(tmp_path, capsys):
+    ref = _run(tmp_path / "ref", [10.0])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "metrics.jsonl").write_text("")
+    assert compare_runs.main([ref, str(empty)]) == 1
+    assert "no logged step: the run failed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "metrics.jsonl: not found (the reference run)"),
+        ("", "metrics.jsonl: empty (the reference logged no step)"),
+        ("{garbage\n", "metrics.jsonl: line 1 is not JSON"),
+        ('{"step": 1}\n', "metrics.jsonl: line 1 needs an integer step and a numeric loss"),
+    ],
+)
+def test_unusable_reference_is_one_line(tmp_path, capsys, content, message):
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    if content is not None:
+        (ref / "metrics.jsonl").write_text(content)
+    run = _run(tmp_path / "run", [10.0])
+    assert compare_runs.main([str(ref), run]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {ref / message}")
+
+
+def test_negative_rtol_is_rejected(tmp_path, capsys):
+    ref = _run(tmp_path / "ref", [10.0])
+    with pytest.raises(SystemExit) as e:
+        compare_runs.main([ref, ref, "--rtol", "-1"])
+    assert e.value.code == 2 and "--rtol -1" in capsys.readouterr().err

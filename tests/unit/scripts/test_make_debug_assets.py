@@ -1,8 +1,11 @@
 """scripts/make_debug_assets.py: the shipped assets are current; the larger-corpus option."""
 
+import importlib.util
 import json
 import subprocess
 import sys
+
+import pytest
 
 SCRIPT = "scripts/make_debug_assets.py"
 
@@ -32,3 +35,15 @@ def test_corpus_options_go_together(tmp_path):
     assert result.returncode == 2 and "positive" in result.stderr
     result = _run("--seed", "7")  # would otherwise rewrite the shipped assets, seed ignored
     assert result.returncode == 2 and "--corpus-docs only" in result.stderr
+
+
+def test_unwritable_corpus_out_is_one_line(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("make_debug_assets", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for bad in ("/proc/nope/c.jsonl", str(tmp_path)):  # no such folder; a folder, not a file
+        with pytest.raises(SystemExit) as e:
+            script.main(["--corpus-docs", "2", "--corpus-out", bad])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"--corpus-out {bad}:")
+    assert list(tmp_path.iterdir()) == []  # no temporary file left behind
