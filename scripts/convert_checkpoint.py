@@ -22,6 +22,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -117,6 +118,9 @@ def check_sizes(found: dict[str, tuple[int, ...]], args: Qwen3ModelArgs, dcp_dir
         )
 
 
+LORA_ADAPTER_KEY = re.compile(r"\.lora_[ab](_w[123])?$")  # linear: .lora_a; experts: .lora_a_w1
+
+
 def read_dcp_model(dcp_dir: Path, args: Qwen3ModelArgs) -> dict[str, torch.Tensor]:
     """The model entries (base weights and LoRA adapters) of a DCP checkpoint, as full tensors."""
     if not (dcp_dir / ".metadata").is_file():
@@ -134,7 +138,10 @@ def read_dcp_model(dcp_dir: Path, args: Qwen3ModelArgs) -> dict[str, torch.Tenso
     expected = Qwen3StateDictAdapter(args).native_shapes()
     state = {}
     for key, meta in metadata.state_dict_metadata.items():
-        if isinstance(meta, TensorStorageMetadata) and (key in expected or ".lora_" in key):
+        # Adapters by their own names: the optimizer's entries for them (".lora_a_w1.step")
+        # carry the same infix.
+        adapter = LORA_ADAPTER_KEY.search(key) is not None
+        if isinstance(meta, TensorStorageMetadata) and (key in expected or adapter):
             state[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
     dcp.load(state, checkpoint_id=str(dcp_dir), no_dist=True)
     if args.tie_embeddings:

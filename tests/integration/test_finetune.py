@@ -93,13 +93,27 @@ def export_logits(dcp_dir: Path, out: Path) -> torch.Tensor:
         return hf(TOKENS).logits
 
 
-@pytest.mark.parametrize("kind", ["dense_tied", "moe"])
-def test_hf_finetune_export(tmp_path, kind):
+EXPERT_LORA = [
+    "--lora.enable",
+    "true",
+    "--lora.rank",
+    "4",
+    "--lora.target_modules",
+    "q_proj,experts",
+]
+
+
+@pytest.mark.parametrize(
+    "kind, extra", [("dense_tied", []), ("moe", []), ("moe", EXPERT_LORA)],
+    ids=["dense_tied", "moe", "moe_lora_experts"],
+)  # fmt: skip
+def test_hf_finetune_export(tmp_path, kind, extra):
+    # With LoRA the export merges the adapters (expert ones too) into the base weights.
     hf = make_hf(kind, tmp_path / "hf", vocab_size=VOCAB)
     with torch.no_grad():
         hf_logits = hf(TOKENS).logits
     dump = tmp_path / "run"
-    out = run_distributed(_finetune, 1, sft_args(tmp_path / "hf", dump, 10))[0]
+    out = run_distributed(_finetune, 1, sft_args(tmp_path / "hf", dump, 10) + extra)[0]
     torch.testing.assert_close(out["before"], hf_logits, atol=1e-5, rtol=1e-5)
     assert len(out["losses"]) == 10 and all(x == x for x in out["losses"])  # finite
 

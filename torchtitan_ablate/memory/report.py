@@ -120,7 +120,8 @@ def format_report(est: dict, device_gib: float, fits: bool, line: str, tried: li
     else:
         rows.append(
             f"verdict: {line}; no single change tried lowers it (activation checkpointing, "
-            "smaller micro-batches, more GPUs): weights, optimizer states and the CUDA context remain"
+            "smaller micro-batches, more GPUs): weights, optimizer states and the CUDA context "
+            "remain"
         )
     return "\n".join(rows)
 
