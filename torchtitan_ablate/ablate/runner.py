@@ -183,14 +183,19 @@ def error_line(log: Path, returncode: int) -> str:
     return (tail[-1] if tail else "no output")[:500] + f" (exit code {returncode})"
 
 
-def _last_record(metrics: Path) -> dict | None:
+def _new_records(metrics: Path, after_step: int) -> list[dict]:
+    """The complete records logged after `after_step` (the last line may be half-written)."""
     if not metrics.is_file():
-        return None
-    lines = [x for x in metrics.read_text().splitlines() if x.strip()]
-    try:
-        return json.loads(lines[-1]) if lines else None
-    except json.JSONDecodeError:  # a line being written
-        return json.loads(lines[-2]) if len(lines) > 1 else None
+        return []
+    records = []
+    for line in metrics.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if rec["step"] > after_step:
+            records.append(rec)
+    return records
 
 
 def _fmt_s(seconds: float) -> str:
@@ -207,7 +212,7 @@ def launch(cmd: list[str], run_dir: Path, label: str, steps: int, eta_rest: floa
         proc = subprocess.Popen(
             cmd[2:], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        last_step = 0
+        last_step, first = 0, None  # first logged (step, time): the ETA leaves start-up out
         try:
             while proc.poll() is None:
                 time.sleep(1.0)
@@ -217,10 +222,12 @@ def launch(cmd: list[str], run_dir: Path, label: str, steps: int, eta_rest: floa
                     proc.wait()
                     log.write(f"\nablate: run exceeded --timeout {timeout:.0f} s; stopped\n")
                     break
-                rec = _last_record(run_dir / "metrics.jsonl")
-                if rec and rec["step"] != last_step:
+                for rec in _new_records(run_dir / "metrics.jsonl", last_step):
                     last_step = rec["step"]
-                    left = elapsed / last_step * (steps - last_step)
+                    first = first or (last_step, elapsed)
+                    done, took = last_step - first[0], elapsed - first[1]
+                    per_step = took / done if done else elapsed / last_step
+                    left = per_step * (steps - last_step)
                     print(
                         f"  {label}: step {last_step}/{steps}  loss {rec['loss']:.4f}  "
                         f"tps {rec['tps']:,.0f}  elapsed {_fmt_s(elapsed)}  ETA run "
