@@ -3,7 +3,7 @@ transformers' from_pretrained.
 
 Reading (`load_hf_weights`): the folder's config.json gives the sizes, its *.safetensors (one
 file, or shards listed in model.safetensors.index.json) the weights. Every name and shape is
-checked against the model before any data is read (one ValueError listing all problems). Then
+checked against the model before any data is read (one ConfigError listing all problems). Then
 each rank reads, tensor by tensor, only the part it holds: the rows of its FSDP Shard(0) chunk,
 the experts of its EP range (per-expert hub tensors, or a slice of the fused ones), through
 safetensors' lazy `get_slice`; nothing is materialised in full unless a placement cannot be
@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from torchtitan_ablate.config import ConfigError
 from torchtitan_ablate.models.qwen3.args import Qwen3ModelArgs
 from torchtitan_ablate.models.qwen3.state_dict_adapter import (
     _BLOCK_KEYS,
@@ -55,9 +56,17 @@ Region = tuple[slice, ...]
 def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
     """The config.json of an HF folder (or of a DCP folder written by convert_checkpoint)."""
     config = Path(path) / "config.json"
+    if not Path(path).is_dir():
+        raise ValueError(f"{path}: no such folder (expected one holding config.json)")
     if not config.is_file():
         raise ValueError(f"{path} holds no config.json (needed for HF weights / flavor 'auto')")
-    return json.loads(config.read_text())
+    try:
+        data = json.loads(config.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{config} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{config} holds a JSON {type(data).__name__}, not an object")
+    return data
 
 
 def hf_model_args(path: str | os.PathLike, **overrides: Any) -> Qwen3ModelArgs:
@@ -72,7 +81,10 @@ class SafetensorsFolder:
         self.path = Path(path)
         index = self.path / INDEX_FILE
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{index} has no valid weight_map ({e!r})") from None
         elif (self.path / SINGLE_FILE).is_file():
             with safe_open(self.path / SINGLE_FILE, "pt") as f:
                 weight_map = dict.fromkeys(f.keys(), SINGLE_FILE)
@@ -97,10 +109,32 @@ class SafetensorsFolder:
 def load_hf_weights(model_sd: dict[str, torch.Tensor], path: str | os.PathLike) -> None:
     """Fills `model_sd` (our FQNs -> tensors or DTensor shards, e.g. get_model_state_dict of a
     sharded model) in place from the HF folder `path`; each rank reads only its part."""
+    try:
+        args, layout, folder = _checked_folder(model_sd, path)
+    except (ValueError, KeyError, OSError) as e:
+        # Every rank reads the same folder and model config, so every rank stops here alike.
+        raise ConfigError(
+            f"checkpoint.initial_load_path = {str(path)!r} (initial_load_format = 'hf'): {e}"
+        ) from None
+    wanted = {k: v for k, v in model_sd.items() if not _skipped(k)}
+    for key, tensor in wanted.items():
+        reader = _reader(key, args, layout, folder)
+        with torch.no_grad():
+            _fill(tensor, reader)
+
+
+def _checked_folder(
+    model_sd: dict[str, torch.Tensor], path: str | os.PathLike
+) -> tuple[Qwen3ModelArgs, str, SafetensorsFolder]:
+    """(sizes, expert layout, tensors) of the folder once its names and shapes match both its
+    config.json and the model; ValueError naming every problem otherwise."""
     args = hf_model_args(path)
     adapter = Qwen3StateDictAdapter(args)
-    folder = SafetensorsFolder(path)
-    available = folder.shapes()
+    try:
+        folder = SafetensorsFolder(path)
+        available = folder.shapes()
+    except SafetensorError as e:  # a truncated or foreign file
+        raise ValueError(f"cannot read its *.safetensors: {e}") from None
     layout = "fused" if any(k.endswith("mlp.experts.down_proj") for k in available) else "hub"
     expected = adapter.hf_shapes(layout)
     optional = set()
@@ -112,11 +146,14 @@ def load_hf_weights(model_sd: dict[str, torch.Tensor], path: str | os.PathLike) 
     wanted = {k: v for k, v in model_sd.items() if not _skipped(k)}
     native = {k: s for k, s in adapter.native_shapes().items() if not _skipped(k)}
     model_meta = {k: torch.empty(v.shape, device="meta") for k, v in wanted.items()}
-    _check(model_meta, native, set(), f"model vs HF checkpoint {path} config.json")
-    for key, tensor in wanted.items():
-        reader = _reader(key, args, layout, folder)
-        with torch.no_grad():
-            _fill(tensor, reader)
+    try:
+        _check(model_meta, native, set(), f"model vs HF checkpoint {path} config.json")
+    except ValueError as e:
+        raise ValueError(
+            f"{e}; the checkpoint is another model than model.flavor (and its overrides) "
+            "describes: use model.flavor = 'auto' or the matching flavor"
+        ) from None
+    return args, layout, folder
 
 
 def _skipped(key: str) -> bool:

@@ -20,6 +20,8 @@ from typing import Protocol, runtime_checkable
 
 import tiktoken
 
+from torchtitan_ablate.config import ConfigError
+
 # Qwen2/Qwen3 pre-tokenizer (tokenizer.json "Split" regex): single digits, letters with one
 # leading non-letter, punctuation runs, newlines, whitespace.
 QWEN_PATTERN = (
@@ -31,6 +33,7 @@ GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s
 # Specials appended after the ranks of a .tiktoken file (Qwen's ids when the ranks are Qwen's).
 TIKTOKEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
+KEY = "model.tokenizer_path"
 _ACCEPTED = (
     "accepted: 'byte', a *.tiktoken ranks file, an HF tokenizer.json, a sentencepiece *.model, "
     "or a directory holding one of them"
@@ -170,9 +173,20 @@ def hf_tokenizer_json_to_ranks(data: dict) -> tuple[dict[bytes, int], dict[str, 
     Ranks are the HF ids: tiktoken merges by rank, which equals HF's merge order for vocabularies
     trained by byte-level BPE (ids assigned in merge order), as for Qwen and GPT-2.
     """
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"a tokenizer.json holds one JSON object, not a {type(data).__name__}; give the "
+            "tokenizer.json of a Hugging Face model"
+        )
     model = data.get("model") or {}
-    if model.get("type") != "BPE" or "ByteLevel" not in json.dumps(data.get("decoder")):
+    if (
+        not isinstance(model, dict)
+        or model.get("type") != "BPE"
+        or "ByteLevel" not in json.dumps(data.get("decoder"))
+    ):
         raise ValueError("only byte-level BPE tokenizer.json files can be converted")
+    if not isinstance(model.get("vocab"), dict):
+        raise ValueError('its "model" has no "vocab" object of token -> id')
     specials = {t["content"]: int(t["id"]) for t in data.get("added_tokens", [])}
     special_ids = set(specials.values())
     byte_of = {c: b for b, c in _bytes_to_unicode().items()}
@@ -220,14 +234,15 @@ def _resolve_dir(path: Path) -> Path:
         return path / "tokenizer.json"
     ranks_files = sorted(path.glob("*.tiktoken"))
     if len(ranks_files) > 1:
-        raise ValueError(
-            f"tokenizer dir {path} holds several *.tiktoken files; name one; {_ACCEPTED}"
+        raise ConfigError(
+            f"{KEY} = {str(path)!r}: the folder holds several *.tiktoken files; name one; "
+            + _ACCEPTED
         )
     if ranks_files:
         return ranks_files[0]
     if (path / "tokenizer.model").is_file():
         return path / "tokenizer.model"
-    raise ValueError(f"tokenizer dir {path} holds no tokenizer file; {_ACCEPTED}")
+    raise ConfigError(f"{KEY} = {str(path)!r}: the folder holds no tokenizer file; {_ACCEPTED}")
 
 
 def build_tokenizer(path: str) -> Tokenizer:
@@ -238,19 +253,27 @@ def build_tokenizer(path: str) -> Tokenizer:
     if p.is_dir():
         p = _resolve_dir(p)
     if not p.is_file():
-        raise ValueError(f"tokenizer path {path!r} does not exist; {_ACCEPTED}")
+        raise ConfigError(f"{KEY} = {path!r}: no such file or folder; {_ACCEPTED}")
     try:
         if p.suffix == ".tiktoken":
             ranks = load_tiktoken_ranks(p)
             return TiktokenTokenizer(p.stem, ranks, _specials_after(ranks))
         if p.suffix == ".json":
-            ranks, specials, pattern = hf_tokenizer_json_to_ranks(json.loads(p.read_text("utf-8")))
+            try:
+                data = json.loads(p.read_text("utf-8"))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{p} is not valid JSON ({e})") from None
+            ranks, specials, pattern = hf_tokenizer_json_to_ranks(data)
             return TiktokenTokenizer(p.parent.name or p.stem, ranks, specials, pattern)
         if p.suffix == ".model":
             return SentencePieceTokenizer(str(p))
     except (OSError, RuntimeError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"cannot read tokenizer {path!r}: {e}; {_ACCEPTED}") from e
-    raise ValueError(f"unknown tokenizer format {path!r}; {_ACCEPTED}")
+        # One line: sentencepiece's and tiktoken's messages can span several.
+        why = " ".join(str(e).split()) or type(e).__name__
+        raise ConfigError(
+            f"{KEY} = {path!r}: cannot read it as a tokenizer: {why}; {_ACCEPTED}"
+        ) from e
+    raise ConfigError(f"{KEY} = {path!r}: unknown tokenizer format ({p.name}); {_ACCEPTED}")
 
 
 def _specials_after(ranks: dict[bytes, int]) -> dict[str, int]:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from torchtitan_ablate.config import ConfigError
 from torchtitan_ablate.config.job_config import Float8
 from torchtitan_ablate.models.common.experts import GroupedExperts
 
@@ -49,8 +50,8 @@ def apply_float8(model: nn.Module, config: Float8, device_type: str, fsdp_enable
     fsdp_enabled: whether FSDP2 will shard the model; float8 all-gather only matters then.
     """
     _check_config(config)
-    _import_torchao(device_type)
     _check_device(device_type, config.moe)
+    _import_torchao(device_type)
     from torchao.float8 import convert_to_float8_training
 
     converted: list[str] = []
@@ -95,14 +96,14 @@ def float8_post_optimizer_step(model: nn.Module) -> None:
 
 def _check_config(config: Float8) -> None:
     if config.recipe not in RECIPES:
-        raise ValueError(f"float8.recipe = {config.recipe!r}: use one of {', '.join(RECIPES)}")
+        raise ConfigError(f"float8.recipe = {config.recipe!r}: use one of {', '.join(RECIPES)}")
     if config.enable_fsdp_float8_all_gather and config.recipe != "tensorwise":
-        raise ValueError(
+        raise ConfigError(
             f"float8.enable_fsdp_float8_all_gather = true needs float8.recipe = 'tensorwise' "
             f"(got {config.recipe!r}): rowwise scales cannot be computed before the all-gather"
         )
     if config.moe and config.recipe != "rowwise":
-        raise ValueError(
+        raise ConfigError(
             f"float8.moe = true needs float8.recipe = 'rowwise' (got {config.recipe!r}): "
             "torchao's float8 grouped GEMM for experts is rowwise only"
         )
@@ -117,9 +118,10 @@ def _import_torchao(device_type: str) -> None:
     try:
         import torchao  # noqa: F401
     except ImportError:
-        raise ValueError(
-            f"float8.enable = true needs torchao: pip install 'torchao=={TORCHAO_VERSION}' "
-            "(or the project's float8 extra)"
+        raise ConfigError(
+            f"float8.enable = true needs torchao, which is not installed: pip install "
+            f"torchao=={TORCHAO_VERSION} (or the project's float8 extra), or set float8.enable "
+            "= false"
         ) from None
     finally:
         torchao_logger.setLevel(level)
@@ -128,17 +130,19 @@ def _import_torchao(device_type: str) -> None:
 def _check_device(device_type: str, moe: bool) -> None:
     if device_type == "cpu":
         if moe:
-            raise ValueError(
+            raise ConfigError(
                 "float8.moe = true needs CUDA: torchao's float8 grouped GEMM has no CPU kernel"
             )
         return
     if device_type != "cuda":
-        raise ValueError(f"float8.enable = true runs on cuda or cpu, not {device_type!r}")
+        raise ConfigError(
+            f"float8.enable = true runs on cuda or cpu, not {device_type!r} (training.device)"
+        )
     capability = torch.cuda.get_device_capability()
     need = MIN_CAPABILITY_MOE if moe else MIN_CAPABILITY
     if capability < need:
         what = "float8.moe" if moe else "float8.enable"
-        raise ValueError(
+        raise ConfigError(
             f"{what} = true needs a GPU of SM {need[0]}.{need[1]} or newer; "
             f"{torch.cuda.get_device_name()} is SM {capability[0]}.{capability[1]}"
         )

@@ -1,18 +1,30 @@
 """Process-group setup and small collectives shared by the trainer and the parallel code."""
 
 import os
+import sys
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from torchtitan_ablate.config import ConfigError
 
 
 def pick_device(requested: str) -> torch.device:
     """auto -> this rank's CUDA device when there is one, else CPU."""
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise ValueError("training.device = 'cuda' but no CUDA device is visible; use auto")
+            raise ConfigError(
+                f"training.device = {requested!r}: no CUDA device is visible "
+                "(torch.cuda.is_available() is False); use 'auto' or 'cpu'"
+            )
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"training.device = {requested!r}: LOCAL_RANK {local_rank} but only "
+                f"{torch.cuda.device_count()} CUDA devices are visible; start at most that many "
+                "processes per node (torchrun --nproc-per-node)"
+            )
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
@@ -34,8 +46,12 @@ def init_distributed(device: torch.device) -> int:
 
 def destroy_distributed() -> None:
     if dist.is_initialized():
-        # gloo can abort a rank whose peer exits first: leave together.
-        dist.barrier()
+        # gloo can abort a rank whose peer exits first: leave together. Not while an exception
+        # propagates (called from a `finally`): an error only this rank saw (e.g. a bad line in
+        # its data shard) leaves the peers inside another collective, and the barrier would
+        # wait out the process-group timeout instead of letting torchrun stop them.
+        if sys.exc_info()[0] is None:
+            dist.barrier()
         dist.destroy_process_group()
 
 

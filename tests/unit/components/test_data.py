@@ -2,6 +2,8 @@
 
 import itertools
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 
 from torchtitan_ablate.components.data import build_dataloader
 from torchtitan_ablate.components.tokenizer import build_tokenizer
+from torchtitan_ablate.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 BYTE = build_tokenizer("byte")  # eos 256, bos 257, pad 258
@@ -219,36 +222,104 @@ def test_debug_assets_load() -> None:
     assert (batch["input_ids"] == tok.eos_id).any()
 
 
-def test_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ValueError, match="needs training.dataset_path"):
-        loader(None)
-    with pytest.raises(ValueError, match="does not exist"):
-        loader(tmp_path / "nope.jsonl")
-    with pytest.raises(ValueError, match="holds no .txt/.jsonl files"):
-        loader(tmp_path)
-    with pytest.raises(ValueError, match="training.dataset='hf'"):
-        loader(tmp_path, "hf")
-    with pytest.raises(ValueError, match="training.packing='best'"):
-        loader(tmp_path, packing="best")
-    with pytest.raises(ValueError, match="training.data_sharding='rows' is for text and synth"):
-        loader(tmp_path, "chat", data_sharding="rows")
+def _bad_input(tmp_path: Path, case: str) -> tuple[str | None, dict]:
+    """(training.dataset_path, other build_dataloader arguments) of one user mistake."""
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"text": "ok"}\n\n{"content": "no text"}\n')
-    with pytest.raises(ValueError, match=rf"{bad}:3: JSONL line has no string \"text\""):
-        rows(loader(bad, packing="padding"), 2)
-    bad.write_text('{"text": "ok"}\n{"text": oops}\n')
-    with pytest.raises(ValueError, match=rf"{bad}:2: invalid JSON"):
-        rows(loader(bad, packing="padding"), 2)
-    bad.write_bytes(b'{"text": "\xff"}\n')
-    with pytest.raises(ValueError, match=rf"{bad}:1: not valid UTF-8"):
-        rows(loader(bad), 1)
-    write_jsonl(bad, ["one", "two"])
-    with pytest.raises(ValueError, match="shard 2 of 3 .* got no non-empty document"):
-        rows(loader(bad, dp_rank=2, dp_world_size=3), 1)
+    if case == "missing":
+        return str(tmp_path / "nope.jsonl"), {}
+    if case == "not_set":
+        return None, {}
+    if case == "empty_jsonl":
+        bad.write_text("")
+        return str(bad), {}
+    if case == "empty_folder":
+        return str(tmp_path), {}
+    if case == "csv":
+        (tmp_path / "d.csv").write_text("text\nhello\n")
+        return str(tmp_path / "d.csv"), {}
+    if case == "blank_txt":
+        (tmp_path / "d.txt").write_text("\n  \n\n")
+        return str(tmp_path / "d.txt"), {}
+    if case == "malformed_line_2":
+        bad.write_text('{"text": "ok"}\n{"text": oops}\n')
+    elif case == "text_not_a_string":
+        bad.write_text('{"text": "ok"}\n\n{"text": 5}\n')
+    elif case == "not_utf8":
+        bad.write_bytes(b'{"text": "\xff"}\n')
+    elif case == "chat_line_as_text":
+        bad.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    elif case == "shard_without_documents":
+        write_jsonl(bad, ["one", "two"])
+        return str(bad), {"dp_rank": 2, "dp_world_size": 3}
+    elif case == "chat_on_text_corpus":
+        return str(ROOT / "assets" / "data" / "debug_corpus.jsonl"), {"dataset": "chat"}
+    elif case == "chat_on_txt_file":
+        (tmp_path / "d.txt").write_text("hello\n")
+        return str(tmp_path / "d.txt"), {"dataset": "chat"}
+    return str(bad), {"packing": "padding"}
+
+
+BAD_INPUTS = {
+    "missing": r"training.dataset_path = '.*nope.jsonl': no such file or folder",
+    "not_set": r"training.dataset_path is not set: training.dataset = 'text' needs",
+    "empty_jsonl": r"training.dataset_path: .*bad.jsonl holds no documents",
+    "empty_folder": r"training.dataset_path = '.*': the folder holds no .txt/.jsonl files",
+    "csv": r"training.dataset_path = '.*d.csv': not a .txt/.jsonl file",
+    "blank_txt": r"training.dataset_path: .*d.txt holds no documents",
+    "malformed_line_2": r"training.dataset_path: .*bad.jsonl:2: invalid JSON",
+    "text_not_a_string": r"training.dataset_path: .*bad.jsonl:3: JSONL line has no string \"text\"",
+    "not_utf8": r"training.dataset_path: .*bad.jsonl:1: not valid UTF-8",
+    "chat_line_as_text": r"bad.jsonl:1: .*use training.dataset = 'chat'",
+    "shard_without_documents": r"training.dataset_path: .*shard 2 of 3 .* got no non-empty doc",
+    "chat_on_text_corpus": r"training.dataset_path: .*debug_corpus.jsonl:1: expected \{\"messa",
+    "chat_on_txt_file": r"training.dataset_path: training.dataset = 'chat' reads .jsonl files only",
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_data_is_a_one_line_config_error(tmp_path: Path, case: str) -> None:
+    path, kw = _bad_input(tmp_path, case)
+    if kw.get("dataset") == "chat":
+        kw["tokenizer"] = build_tokenizer(str(ROOT / "assets" / "tokenizer" / "debug.tiktoken"))
+    with pytest.raises(ConfigError, match=BAD_INPUTS[case]) as err:
+        next(iter(loader(path, **kw)))  # some errors only show once the data is read
+    assert "\n" not in str(err.value)
+
+
+def test_worker_error_reaches_the_main_process_as_one_line(tmp_path: Path) -> None:
+    path, _ = _bad_input(tmp_path, "malformed_line_2")
+    with pytest.raises(ConfigError) as err:
+        next(iter(loader(path, packing="padding", num_workers=1)))
+    assert str(err.value).startswith("training.dataset_path: ") and "\n" not in str(err.value)
+    assert str(err.value).endswith("each line must be one JSON object")
+
+
+def test_bad_config_values(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="training.dataset = 'hf'"):
+        loader(tmp_path, "hf")
+    with pytest.raises(ConfigError, match="training.packing = 'best'"):
+        loader(tmp_path, packing="best")
+    with pytest.raises(ConfigError, match="training.data_sharding = 'rows' is for text and synth"):
+        loader(tmp_path, "chat", data_sharding="rows")
+
+
+def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = write_jsonl(tmp_path / "bad.jsonl", ["one"])
 
     def deny(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr("builtins.open", deny)  # root ignores chmod, so simulate it
-    with pytest.raises(ValueError, match=rf"{bad} is unreadable: Permission denied"):
+    with pytest.raises(ConfigError, match=rf"training.dataset_path: cannot read {bad}: Permission"):
         loader(bad)
+
+
+def test_trainer_exits_2_with_one_line_for_a_missing_dataset(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "torchtitan_ablate.train"]
+    cmd += ["--job.config_file", "train_configs/debug_model.toml", "--training.steps", "2"]
+    cmd += ["--job.dump_folder", str(tmp_path), "--training.dataset_path", "/nonexistent/x.jsonl"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "config error: training.dataset_path = '/nonexistent/x.jsonl': no such file or folder"
+    ]

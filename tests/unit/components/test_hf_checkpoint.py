@@ -21,7 +21,9 @@ from torchtitan_ablate.components.hf_checkpoint import (
     load_hf_weights,
     save_hf_checkpoint,
 )
+from torchtitan_ablate.config import ConfigError
 from torchtitan_ablate.models.qwen3 import Qwen3Model
+from torchtitan_ablate.models.qwen3.args import qwen3_flavors
 
 
 def make_hf(kind: str, path: Path, vocab_size: int = 96, seed: int = 0) -> torch.nn.Module:
@@ -104,7 +106,7 @@ def test_missing_keys_and_shape_mismatches_are_listed(tmp_path):
     sd.pop("model.layers.1.mlp.up_proj.weight")
     sd["model.norm.weight"] = torch.ones(63)
     save_file(sd, tmp_path / "hf" / "model.safetensors")
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ConfigError, match="checkpoint.initial_load_path = ") as err:
         ours_from(tmp_path / "hf")
     assert "model.layers.1.mlp.up_proj.weight" in str(err.value)
     assert "model.norm.weight: got (63,), expected (64,)" in str(err.value)
@@ -114,6 +116,33 @@ def test_model_not_matching_config_is_an_error(tmp_path):
     make_hf("dense", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     model = Qwen3Model(hf_model_args(tmp_path / "hf", hidden_dim=96))
-    with pytest.raises(ValueError, match="feed_forward.w1.weight"):
+    with pytest.raises(ConfigError, match="feed_forward.w1.weight.*model.flavor = 'auto'"):
         load_hf_weights(model.state_dict(), tmp_path / "hf")
     assert config["intermediate_size"] == 80
+
+
+@pytest.mark.parametrize(
+    "case,match",
+    [
+        ("missing", "no such folder"),
+        ("empty", "holds no config.json"),
+        ("bad_config", "config.json is not valid JSON"),
+        ("no_weights", "holds neither model.safetensors nor"),
+        ("garbage_weights", "cannot read its \\*.safetensors"),
+    ],
+)
+def test_bad_folder_is_a_config_error(tmp_path, case, match):
+    path = tmp_path / "hf"
+    if case != "missing":
+        path.mkdir()
+    if case == "bad_config":
+        (path / "config.json").write_text("{oops")
+    if case in ("no_weights", "garbage_weights"):
+        config = qwen3_flavors["debugmodel"].to_hf_config()
+        (path / "config.json").write_text(json.dumps(config))
+    if case == "garbage_weights":
+        (path / "model.safetensors").write_text("garbage")
+    with pytest.raises(ConfigError, match=match) as err:
+        load_hf_weights({}, path)
+    assert str(err.value).startswith(f"checkpoint.initial_load_path = {str(path)!r} ")
+    assert "\n" not in str(err.value)

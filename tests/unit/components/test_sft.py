@@ -9,6 +9,7 @@ import torch
 from torchtitan_ablate.components.data import IGNORE_INDEX, build_dataloader
 from torchtitan_ablate.components.data.sft import ChatRenderer, special_token_id
 from torchtitan_ablate.components.tokenizer import build_tokenizer
+from torchtitan_ablate.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKENIZER = str(ROOT / "assets/tokenizer/debug.tiktoken")
@@ -108,13 +109,16 @@ def test_dp_ranks_read_disjoint_conversations(tok):
 
 
 def test_clear_errors(tok, tmp_path):
-    with pytest.raises(ValueError, match="im_start"):
+    with pytest.raises(ConfigError, match="model.tokenizer_path: .* no special token <|im_start"):
         loader(build_tokenizer("byte"), "greedy")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user"}]}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1"):
+    with pytest.raises(ConfigError, match="training.dataset_path: .*bad.jsonl:1: expected"):
         next(iter(loader(tok, "greedy", path=str(bad))))
-    with pytest.raises(ValueError, match="packing"):
+    bad.write_text("{oops\n")
+    with pytest.raises(ConfigError, match="training.dataset_path: .*bad.jsonl:1: not a valid"):
+        next(iter(loader(tok, "greedy", path=str(bad))))
+    with pytest.raises(ConfigError, match="training.packing = 'best_fit'"):
         build_dataloader(
             dataset="text", dataset_path=CHAT, tokenizer=tok, seq_len=8, local_batch_size=1,
             packing="best_fit", dp_rank=0, dp_world_size=1, seed=0,

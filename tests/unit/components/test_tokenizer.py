@@ -9,9 +9,11 @@ from torchtitan_ablate.components.tokenizer import (
     QWEN_PATTERN,
     Tokenizer,
     build_tokenizer,
+    hf_tokenizer_json_to_ranks,
     load_tiktoken_ranks,
     save_tiktoken_ranks,
 )
+from torchtitan_ablate.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 DEBUG_TIKTOKEN = ROOT / "assets" / "tokenizer" / "debug.tiktoken"
@@ -118,23 +120,42 @@ def test_sentencepiece(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "name,content,match",
     [
-        ("missing.tiktoken", None, "does not exist"),
+        ("missing.tiktoken", None, "no such file or folder"),
         ("bad.tiktoken", "not base64 at all\n", r"bad.tiktoken:1"),
-        ("tokenizer.json", "{not json", "cannot read tokenizer"),
-        ("vocab.txt", "a 1\n", "unknown tokenizer format"),
-        ("tokenizer.model", "garbage", "cannot read tokenizer"),
+        ("tokenizer.json", "{not json", "tokenizer.json is not valid JSON"),
+        ("tokenizer.json", "[1, 2]", "holds one JSON object, not a list"),
+        ("tokenizer.json", '{"model": {"type": "WordPiece"}}', "only byte-level BPE"),
+        ("corpus.jsonl", '{"text": "a"}\n', r"unknown tokenizer format \(corpus.jsonl\)"),
+        ("tokenizer.model", "garbage", "cannot read it as a tokenizer"),
     ],
 )
-def test_errors_name_the_path(tmp_path: Path, name: str, content: str | None, match: str) -> None:
+def test_errors_name_the_key_and_path(
+    tmp_path: Path, name: str, content: str | None, match: str
+) -> None:
     path = tmp_path / name
     if content is not None:
         path.write_text(content)
-    with pytest.raises(ValueError, match=match) as err:
+    with pytest.raises(ConfigError, match=match) as err:
         build_tokenizer(str(path))
-    assert str(path) in str(err.value) and "accepted:" in str(err.value)
+    msg = str(err.value)
+    assert msg.startswith(f"model.tokenizer_path = {str(path)!r}: ") and "accepted:" in msg
+    assert "\n" not in msg
 
 
 def test_error_for_directory_without_tokenizer(tmp_path: Path) -> None:
     (tmp_path / "notes.json").write_text(json.dumps({}))
-    with pytest.raises(ValueError, match="holds no tokenizer file"):
+    with pytest.raises(ConfigError, match="model.tokenizer_path = .*: the folder holds no tokeni"):
         build_tokenizer(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "data,match",
+    [
+        ([1, 2], "not a list"),
+        ({"model": {"type": "BPE"}, "decoder": {"type": "ByteLevel"}}, 'no "vocab"'),
+        ({"model": "BPE"}, "only byte-level BPE"),
+    ],
+)
+def test_tokenizer_json_conversion_rejects_other_shapes(data: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        hf_tokenizer_json_to_ranks(data)

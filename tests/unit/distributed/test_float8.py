@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from torchtitan_ablate.config import ConfigError
 from torchtitan_ablate.config.job_config import Float8
 from torchtitan_ablate.distributed.float8 import (
     _convert_experts,
@@ -94,18 +95,22 @@ def test_forward_backward_close_to_high_precision(recipe):
 
 def test_config_errors():
     model = nn.Linear(64, 64)
-    with pytest.raises(ValueError, match="tensorwise"):
+    with pytest.raises(ConfigError, match="float8.enable_fsdp_float8_all_gather .* 'tensorwise'"):
         cfg = Float8(enable=True, recipe="rowwise", enable_fsdp_float8_all_gather=True)
         apply_float8(model, cfg, "cpu", fsdp_enabled=True)
-    with pytest.raises(ValueError, match="rowwise"):
+    with pytest.raises(ConfigError, match="float8.moe = true needs float8.recipe = 'rowwise'"):
         apply_float8(model, Float8(enable=True, moe=True), "cuda", fsdp_enabled=False)
-    with pytest.raises(ValueError, match="needs CUDA"):
+    with pytest.raises(ConfigError, match="float8.moe = true needs CUDA"):
         apply_float8(model, Float8(enable=True, recipe="rowwise", moe=True), "cpu", False)
+    with pytest.raises(ConfigError, match="float8.recipe = 'fp4'"):
+        apply_float8(model, Float8(enable=True, recipe="fp4"), "cpu", False)
 
 
 def test_missing_torchao_gives_pip_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao", None)  # makes `import torchao` fail
-    with pytest.raises(ValueError, match=r"needs torchao: pip install 'torchao=="):
+    with pytest.raises(
+        ConfigError, match=r"float8.enable = true needs torchao.*pip install torchao="
+    ):
         apply_float8(nn.Linear(64, 64), Float8(enable=True), "cpu", fsdp_enabled=False)
 
 

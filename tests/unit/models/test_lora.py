@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from torchtitan_ablate.config import ConfigError
 from torchtitan_ablate.models.common.lora import (
     LINEAR_TARGETS,
     apply_lora,
@@ -135,8 +136,15 @@ def test_meta_build_and_fake_mode_step(args, targets):
     assert n_lora == expected_count(args, 4, targets)
 
 
-def test_bad_targets_and_rank():
-    with pytest.raises(ValueError, match="target_modules"):
-        apply_lora(built(DENSE), rank=4, alpha=8.0, dropout=0.0, target_modules=["qkv"])
-    with pytest.raises(ValueError, match="rank"):
-        apply_lora(built(DENSE), rank=0, alpha=8.0, dropout=0.0, target_modules=["q_proj"])
+@pytest.mark.parametrize(
+    "rank,dropout,targets,match",
+    [
+        (0, 0.0, ["q_proj"], r"lora.rank = 0: must be >= 1"),
+        (4, 1.5, ["q_proj"], r"lora.dropout = 1.5: must be in \[0, 1\)"),
+        (4, 0.0, ["q_projj"], r"lora.target_modules = \['q_projj'\]: unknown .* choose from"),
+        (4, 0.0, [], r"lora.target_modules = \[\]: empty; choose from"),
+    ],
+)
+def test_bad_lora_config_is_a_config_error(rank, dropout, targets, match):
+    with pytest.raises(ConfigError, match=match):
+        apply_lora(built(DENSE), rank=rank, alpha=8.0, dropout=dropout, target_modules=targets)

@@ -23,8 +23,25 @@ from typing import Any
 import torch
 
 from torchtitan_ablate.components.tokenizer import Tokenizer
+from torchtitan_ablate.config import ConfigError
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
+KEY = "training.dataset_path"
+
+
+class DatasetError(ConfigError):
+    """Bad data under training.dataset_path: one line, exit code 2.
+
+    A loader worker's exception reaches the main process rebuilt from one string, "Caught
+    DatasetError in DataLoader worker process N.\nOriginal Traceback ...: <message>"; only the
+    message is kept, so the user still sees one line.
+    """
+
+    def __init__(self, message: str) -> None:
+        name = type(self).__name__
+        if message.startswith(f"Caught {name} in DataLoader worker"):
+            message = message.rstrip().rsplit(f"{name}: ", 1)[-1]
+        super().__init__(message)
 
 
 class SyntheticDocuments:
@@ -57,11 +74,11 @@ class SyntheticDocuments:
         self.doc_idx = state["doc_idx"]
 
 
-def list_text_files(path: str | None) -> list[Path]:
-    """The .txt/.jsonl files under `path` (a file or folder), sorted; ValueError if none."""
+def list_text_files(path: str | None, dataset: str = "text") -> list[Path]:
+    """The .txt/.jsonl files under `path` (a file or folder), sorted; DatasetError if none."""
     if not path:
-        raise ValueError(
-            "dataset 'text' needs training.dataset_path (a .txt/.jsonl file or folder)"
+        raise DatasetError(
+            f"{KEY} is not set: training.dataset = {dataset!r} needs a .txt/.jsonl file or folder"
         )
     p = Path(path)
     if p.is_dir():
@@ -71,19 +88,24 @@ def list_text_files(path: str | None) -> list[Path]:
             if f.is_file() and f.suffix in TEXT_SUFFIXES and not f.name.startswith(".")
         )
         if not files:
-            raise ValueError(f"dataset folder {path} holds no {'/'.join(TEXT_SUFFIXES)} files")
+            raise DatasetError(
+                f"{KEY} = {path!r}: the folder holds no {'/'.join(TEXT_SUFFIXES)} files"
+            )
     elif p.is_file():
         if p.suffix not in TEXT_SUFFIXES:
-            raise ValueError(f"dataset file {path} is not one of {'/'.join(TEXT_SUFFIXES)}")
+            raise DatasetError(
+                f"{KEY} = {path!r}: not a {'/'.join(TEXT_SUFFIXES)} file; convert it to "
+                '.jsonl ({"text": ...} per line) or .txt (blank-line separated paragraphs)'
+            )
         files = [p]
     else:
-        raise ValueError(f"dataset path {path} does not exist")
+        raise DatasetError(f"{KEY} = {path!r}: no such file or folder")
     for f in files:
         try:
             with open(f, "rb") as fh:
                 fh.read(1)
         except OSError as e:
-            raise ValueError(f"dataset file {f} is unreadable: {e.strerror}") from e
+            raise DatasetError(f"{KEY}: cannot read {f}: {e.strerror}") from None
     return files
 
 
@@ -124,19 +146,25 @@ class TextDocuments:
                             yield item
                 self.file_idx, self.offset, self.line_no = self.file_idx + 1, 0, 0
             if fresh_epoch and not yielded:  # else this shard would loop forever, yielding nothing
-                raise ValueError(
-                    f"dataset {self.files[0]}{' ...' if len(self.files) > 1 else ''}: shard "
-                    f"{self.shard} of {self.num_shards} (dp ranks x loader workers) got no "
-                    f"{self.empty_item_name} out of {self.doc_idx}"
-                )
+                raise DatasetError(self._no_item_message())
             self.epoch, self.file_idx, self.doc_idx = self.epoch + 1, 0, 0
+
+    def _no_item_message(self) -> str:
+        where = f"{KEY}: {self.files[0]}{' ...' if len(self.files) > 1 else ''}"
+        if self.doc_idx == 0:
+            return f"{where} holds no documents (only blank lines); give a non-empty dataset"
+        return (
+            f"{where}: shard {self.shard} of {self.num_shards} (data-parallel ranks x "
+            f"training.num_workers) got no {self.empty_item_name} out of {self.doc_idx} "
+            "documents; give more data or use fewer ranks / loader workers"
+        )
 
     def _raw_docs(self, path: Path) -> Iterator[tuple[bytes, int, int, int]]:
         """Yield (raw doc, first line, last line read, byte offset after it) from self.offset."""
         try:
             fh = open(path, "rb")
         except OSError as e:
-            raise ValueError(f"dataset file {path} is unreadable: {e.strerror}") from e
+            raise DatasetError(f"{KEY}: cannot read {path}: {e.strerror}") from None
         with fh:
             fh.seek(self.offset)
             offset, line_no, para, first = self.offset, self.line_no, [], 0
@@ -168,13 +196,25 @@ def _decode(path: Path, raw: bytes, line_no: int) -> str:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}:{line_no}: not valid UTF-8 ({e.reason})") from e
+        raise DatasetError(
+            f"{KEY}: {path}:{line_no}: not valid UTF-8 ({e.reason}); re-encode the file as UTF-8"
+        ) from None
     if path.suffix == ".txt":
         return text
     try:
         record = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{line_no}: invalid JSON ({e.msg})") from e
+        raise DatasetError(
+            f"{KEY}: {path}:{line_no}: invalid JSON ({e.msg}); each line must be one JSON object"
+        ) from None
     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-        raise ValueError(f'{path}:{line_no}: JSONL line has no string "text" field')
+        hint = (
+            "; this is a chat line: use training.dataset = 'chat'"
+            if isinstance(record, dict) and "messages" in record
+            else ""
+        )
+        raise DatasetError(
+            f'{KEY}: {path}:{line_no}: JSONL line has no string "text" field '
+            f'(expected {{"text": "..."}}){hint}'
+        )
     return record["text"]

@@ -34,6 +34,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from torchtitan_ablate.components.data.datasets import SyntheticDocuments, TextDocuments
+from torchtitan_ablate.config import ConfigError
 
 PACKING_MODES = ("greedy", "padding")
 SHARDING_MODES = ("documents", "rows")
@@ -65,10 +66,10 @@ class PackedDataset(IterableDataset):
         local_batch_size: int = 1,
     ) -> None:
         if packing not in PACKING_MODES:
-            raise ValueError(f"training.packing={packing!r}; expected one of {PACKING_MODES}")
+            raise ConfigError(f"training.packing = {packing!r}: expected one of {PACKING_MODES}")
         if sharding not in SHARDING_MODES:
-            raise ValueError(
-                f"training.data_sharding={sharding!r}; expected one of {SHARDING_MODES}"
+            raise ConfigError(
+                f"training.data_sharding = {sharding!r}: expected one of {SHARDING_MODES}"
             )
         self.source, self.seq_len, self.packing = source, seq_len, packing
         self.eos_id, self.pad_id = eos_id, pad_id

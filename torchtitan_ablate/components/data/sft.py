@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from torchtitan_ablate.components.data.datasets import TextDocuments
+from torchtitan_ablate.components.data.datasets import KEY, DatasetError, TextDocuments
 from torchtitan_ablate.components.data.packing import (
     IGNORE_INDEX,
     segment_positions,
@@ -37,6 +37,7 @@ from torchtitan_ablate.components.data.packing import (
     warn_if_dp_changed,
 )
 from torchtitan_ablate.components.tokenizer import Tokenizer
+from torchtitan_ablate.config import ConfigError
 
 SFT_PACKING_MODES = ("greedy", "best_fit", "padding")
 BEST_FIT_OPEN_ROWS = 16
@@ -44,16 +45,17 @@ Conversation = tuple[list[int], list[bool]]  # tokens, trained (is an assistant 
 
 
 def special_token_id(tokenizer: Tokenizer, name: str) -> int:
-    """The id of special token `name` as the tokenizer's files define it; ValueError if absent."""
+    """The id of special token `name` as the tokenizer's files define it; ConfigError if absent."""
     specials = getattr(tokenizer, "special_tokens", None) or {}
     if name in specials:
         return specials[name]
     sp = getattr(tokenizer, "sp", None)  # sentencepiece: user-defined pieces
     if sp is not None and sp.piece_to_id(name) != sp.unk_id():
         return sp.piece_to_id(name)
-    raise ValueError(
-        f"the tokenizer ({type(tokenizer).__name__}) defines no special token {name}; the chat "
-        "dataset needs <|im_start|> and <|im_end|> (Qwen's tokenizer.json has them)"
+    raise ConfigError(
+        f"model.tokenizer_path: the tokenizer ({type(tokenizer).__name__}) defines no special "
+        f"token {name}; training.dataset = 'chat' needs <|im_start|> and <|im_end|> (Qwen's "
+        "tokenizer.json has them)"
     )
 
 
@@ -85,7 +87,9 @@ class ChatDocuments(TextDocuments):
     def __init__(self, files: list[Path], tokenizer: Tokenizer, seq_len: int) -> None:
         bad = [str(f) for f in files if f.suffix != ".jsonl"]
         if bad:
-            raise ValueError(f"dataset 'chat' reads .jsonl files only, got {bad[:3]}")
+            raise DatasetError(
+                f"{KEY}: training.dataset = 'chat' reads .jsonl files only, got {bad[:3]}"
+            )
         super().__init__(files, tokenizer)
         self.render = ChatRenderer(tokenizer)
         self.seq_len = seq_len
@@ -102,15 +106,21 @@ def _messages(path: Path, raw: bytes, line_no: int) -> list[dict[str, str]]:
     try:
         record = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}:{line_no}: not a valid UTF-8 JSON line ({e})") from e
+        raise DatasetError(f"{KEY}: {path}:{line_no}: not a valid UTF-8 JSON line ({e})") from None
     messages = record.get("messages") if isinstance(record, dict) else None
     ok = isinstance(messages, list) and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
         for m in messages
     )
     if not ok or not messages:
-        raise ValueError(
-            f'{path}:{line_no}: expected {{"messages": [{{"role": str, "content": str}}, ...]}}'
+        hint = (
+            "; this is a plain-text line: use training.dataset = 'text'"
+            if isinstance(record, dict) and "text" in record
+            else ""
+        )
+        raise DatasetError(
+            f'{KEY}: {path}:{line_no}: expected {{"messages": [{{"role": str, "content": str}}, '
+            f"...]}}{hint}"
         )
     return messages
 
@@ -151,7 +161,10 @@ class SFTDataset(IterableDataset):
         dp_world_size: int,
     ) -> None:
         if packing not in SFT_PACKING_MODES:
-            raise ValueError(f"training.packing={packing!r}; chat needs one of {SFT_PACKING_MODES}")
+            raise ConfigError(
+                f"training.packing = {packing!r}: training.dataset = 'chat' needs one of "
+                f"{SFT_PACKING_MODES}"
+            )
         self.source, self.seq_len, self.packing, self.pad_id = source, seq_len, packing, pad_id
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
         self.open_rows: list[list[Conversation]] = []  # conversations read but not yet emitted

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from torchtitan_ablate.config import ConfigError
 from torchtitan_ablate.distributed.expert_parallel import ExpertParallelExperts
 from torchtitan_ablate.models.common.experts import GroupedExperts, pad_by_expert, use_grouped_mm
 from torchtitan_ablate.models.common.permute import gather_rows
@@ -87,13 +88,14 @@ def apply_lora(
     Returns the number of adapter parameters. Works on any device (meta included).
     """
     if rank < 1:
-        raise ValueError(f"lora.rank = {rank}: must be >= 1")
+        raise ConfigError(f"lora.rank = {rank}: must be >= 1 (e.g. 16)")
     if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"lora.dropout = {dropout}: must be in [0, 1)")
+        raise ConfigError(f"lora.dropout = {dropout}: must be in [0, 1) (e.g. 0.05)")
     allowed = [*LINEAR_TARGETS, EXPERTS_TARGET]
     unknown = [t for t in target_modules if t not in allowed]
     if unknown or not target_modules:
-        raise ValueError(f"lora.target_modules = {target_modules}: choose from {allowed}")
+        what = f"unknown {unknown}" if unknown else "empty"
+        raise ConfigError(f"lora.target_modules = {target_modules}: {what}; choose from {allowed}")
     for p in model.parameters():
         p.requires_grad_(False)
     scale = alpha / rank
