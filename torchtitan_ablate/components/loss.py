@@ -6,7 +6,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+IGNORE_INDEX = -100  # labels the loss skips (padding, prompts in SFT): torch's default
 
 
 def cross_entropy_sum(logits_BSV: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:

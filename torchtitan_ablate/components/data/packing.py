@@ -34,11 +34,11 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from torchtitan_ablate.components.data.datasets import SyntheticDocuments, TextDocuments
+from torchtitan_ablate.components.loss import IGNORE_INDEX
 from torchtitan_ablate.config import ConfigError
 
 PACKING_MODES = ("greedy", "padding")
 SHARDING_MODES = ("documents", "rows")
-IGNORE_INDEX = -100
 
 
 def segment_positions(document_ids: torch.Tensor) -> torch.Tensor:
