@@ -344,7 +344,7 @@ def validate(config: JobConfig) -> None:
         require(lora.rank >= 1, f"lora.rank = {lora.rank}: must be >= 1")
         require(lora.alpha > 0, f"lora.alpha = {lora.alpha}: must be > 0 (scale alpha / rank)")
         require(0.0 <= lora.dropout < 1.0, f"lora.dropout = {lora.dropout}: must be in [0, 1)")
-        allowed = lora_target_names()
+        allowed = _lora_target_names()
         unknown = [x for x in lora.target_modules if x not in allowed]
         require(
             bool(lora.target_modules) and not unknown,
@@ -352,7 +352,7 @@ def validate(config: JobConfig) -> None:
         )
 
 
-def lora_target_names() -> list[str]:
+def _lora_target_names() -> list[str]:
     """The projection names lora.target_modules accepts (models/common/lora.py's table)."""
     from torchtitan_ablate.models.common.lora import EXPERTS_TARGET, LINEAR_TARGETS
 
