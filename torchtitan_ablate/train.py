@@ -43,29 +43,52 @@ logger = logging.getLogger("torchtitan_ablate")
 
 
 def build_model_args(config: JobConfig) -> Qwen3ModelArgs:
-    """The flavor's sizes with this run's overrides applied."""
+    """The flavor's sizes with this run's overrides applied (-1 keeps the flavor's value; the
+    config loader has checked the ranges). MoE knobs on a dense flavor are an error, not ignored."""
     m = config.model
     if m.name != "qwen3":
         raise ConfigError(f"model.name = {m.name!r}: only 'qwen3' is built in")
     base = _auto_flavor(config) if m.flavor == "auto" else qwen3_flavors.get(m.flavor)
     if base is None:
         raise ConfigError(f"model.flavor = {m.flavor!r}: auto or one of {', '.join(qwen3_flavors)}")
+    for key in ("vocab_size", "n_layers", "num_experts"):
+        value = getattr(m, key)
+        if value != -1 and value < 1:
+            raise ConfigError(f"model.{key} = {value}: -1 (keep the flavor's value) or >= 1")
+    if not base.num_experts:
+        _reject_moe_knobs_on_dense(config)
     overrides: dict = {"attn_backend": m.attn_backend}
     if m.moe_aux_loss_coef >= 0:
         overrides["moe_aux_loss_coef"] = m.moe_aux_loss_coef
     if m.moe_bias_update_rate > 0:
         overrides["moe_bias_update_rate"] = m.moe_bias_update_rate
-    if m.vocab_size > 0:
+    if m.vocab_size != -1:
         overrides["vocab_size"] = m.vocab_size
-    if m.n_layers > 0:
+    if m.n_layers != -1:
         overrides["n_layers"] = m.n_layers
-    if m.num_experts > 0:
+    if m.num_experts != -1:
         overrides["num_experts"] = m.num_experts
     overrides["max_seq_len"] = max(base.max_seq_len, config.training.seq_len)
     try:
         return dataclasses.replace(base, **overrides)
-    except ValueError as e:  # e.g. num_experts on a dense flavor
+    except ValueError as e:
         raise ConfigError(f"model.flavor = {m.flavor!r} with these overrides: {e}") from None
+
+
+def _reject_moe_knobs_on_dense(config: JobConfig) -> None:
+    """model.num_experts, moe_aux_loss_coef and moe_bias_update_rate on a dense flavor: the
+    model has no router for them to act on. Values that mean "keep" or "off" (-1, 0) are what a
+    dense model does anyway and pass (shared argument lists set moe_aux_loss_coef = 0)."""
+    m = config.model
+    harmless = {"num_experts": (-1,), "moe_aux_loss_coef": (-1, 0), "moe_bias_update_rate": (0,)}
+    for key, ok in harmless.items():
+        value = getattr(m, key)
+        if value not in ok:
+            raise ConfigError(
+                f"model.{key} = {value} applies to MoE flavors only (e.g. debugmodel_moe, "
+                f"30B-A3B) and model.flavor = {m.flavor!r} is dense: remove it (or use a MoE "
+                "flavor)"
+            )
 
 
 def _auto_flavor(config: JobConfig) -> Qwen3ModelArgs:

@@ -38,13 +38,17 @@ class Model:
     attn_backend: Literal["auto", "sdpa", "flex", "varlen", "flash"] = "auto"
     """Attention kernel. auto: flex on CUDA (fastest measured in training,
     docs/performance_sessions_1-2.md), sdpa elsewhere. flex and varlen honour packed-document
-    boundaries without a dense mask; flash needs the flash-attn package."""
+    boundaries without a dense mask; flash needs the flash-attn package. With
+    context_parallel_degree > 1 only auto is accepted: context parallel runs its own attention
+    (compiled flex on CUDA, SDPA with a dense mask on CPU)."""
 
     moe_aux_loss_coef: float = -1.0
-    """MoE load-balancing loss coefficient; -1 keeps the flavor's value (0.001 for Qwen3 MoE)."""
+    """MoE load-balancing loss coefficient; -1 keeps the flavor's value (0.001 for Qwen3 MoE).
+    MoE flavors only (dense flavors accept -1 and 0)."""
 
     moe_bias_update_rate: float = 0.0
-    """Aux-loss-free balancing: per-step update rate of the expert selection bias (0 = off)."""
+    """Aux-loss-free balancing: per-step update rate of the expert selection bias (0 = off;
+    MoE flavors only)."""
 
     vocab_size: int = -1
     """Override the flavor's vocabulary size (-1 keeps it); must cover the tokenizer."""
@@ -106,7 +110,8 @@ class Training:
     """Parameter/compute dtype on GPU. CPU runs use float32 unless cpu_mixed_precision."""
 
     mixed_precision_reduce: Literal["float32", "bfloat16"] = "float32"
-    """Dtype of gradient reduction across data-parallel ranks."""
+    """Dtype of gradient reduction across data-parallel ranks. bfloat16 needs FSDP, which is
+    applied with more than one rank or bf16 parameters."""
 
     cpu_mixed_precision: bool = False
     """Also use mixed_precision_param on CPU (default: float32 on CPU for exactness)."""
@@ -121,8 +126,8 @@ class Training:
     """Ask torch for deterministic kernels (slower on GPU)."""
 
     exit_at_step: int = -1
-    """Save a checkpoint and exit cleanly after this step without changing the LR schedule
-    (time-limited jobs); -1 = off."""
+    """Save a checkpoint and exit cleanly after this step (at most training.steps) without
+    changing the LR schedule (time-limited jobs); -1 = off."""
 
     num_workers: int = 0
     """Data-loader worker processes per rank."""
@@ -186,13 +191,15 @@ class Parallelism:
     """Ranks routed experts are split over (borrowed from dp_shard * cp)."""
 
     fsdp_cpu_offload: bool = False
-    """Keep sharded parameters, gradients and optimizer state in CPU memory (FSDP2 offload)."""
+    """Keep sharded parameters, gradients and optimizer state in CPU memory (FSDP2 offload).
+    CUDA only, and FSDP must be applied: more than one rank or bf16 parameters."""
 
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
     """never keeps gathered parameters until backward (ZeRO-2-like; under gradient accumulation
     until the step's last backward); always frees them after forward (ZeRO-3); default = always
     except the last block, whose backward starts at once. The final norm and output head (and
-    the tied table) stay gathered until backward in every mode."""
+    the tied table) stay gathered until backward in every mode. always needs FSDP (more than one
+    rank or bf16 parameters)."""
 
 
 @dataclass
@@ -211,7 +218,7 @@ class Compile:
     """torch.compile each transformer block (and the loss)."""
 
     components: list[str] = field(default_factory=lambda: ["model", "loss"])
-    """What to compile: model, loss."""
+    """What to compile: model, loss (at least one when enable is true)."""
 
 
 @dataclass

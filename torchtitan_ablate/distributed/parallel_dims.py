@@ -76,18 +76,6 @@ class ParallelDims:
         return self.dp_shard * self.cp // self.ep
 
     @property
-    def dp_replicate_enabled(self) -> bool:
-        return self.dp_replicate > 1
-
-    @property
-    def dp_shard_enabled(self) -> bool:
-        return self.dp_shard > 1
-
-    @property
-    def fsdp_enabled(self) -> bool:
-        return self.dp_shard * self.cp > 1
-
-    @property
     def cp_enabled(self) -> bool:
         return self.cp > 1
 
@@ -105,7 +93,6 @@ class ParallelDims:
         )
         self._meshes["world"] = world
         self._meshes["dp"] = world["dp_replicate", "dp_shard"]._flatten("dp")
-        self._meshes["dp_shard_cp"] = world["dp_shard", "cp"]._flatten("dp_shard_cp")
         self._meshes["dp_cp"] = world["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
         # FSDP's mesh: (replicate, shard over dp_shard*cp) for HSDP, else the shard dim alone.
         # Its own root (same rank order), as slicing flattened dims out of a root is deprecated.
@@ -127,8 +114,8 @@ class ParallelDims:
             )
 
     def mesh(self, name: str) -> DeviceMesh:
-        """Named (sub-)mesh: world, dp, dp_replicate, dp_shard, cp, dp_shard_cp, dp_cp (loss),
-        fsdp (1-D or HSDP 2-D), and with EP: ep, efsdp, experts, experts_fsdp."""
+        """Named (sub-)mesh: world, dp, dp_replicate, dp_shard, cp, dp_cp (loss), fsdp (1-D
+        over dp_shard * cp, or HSDP 2-D), and with EP: ep, efsdp, experts, experts_fsdp."""
         if not self._meshes:
             raise RuntimeError("ParallelDims.build_meshes() has not been called")
         if name in self._meshes:

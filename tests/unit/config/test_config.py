@@ -1,4 +1,5 @@
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,133 @@ def test_bad_input_is_one_clear_error(args, needle):
         load_config(args)
     assert needle in str(e.value)
     assert "\n" not in str(e.value)
+
+
+LORA = ["--lora.enable", "true"]
+FLOAT8 = ["--float8.enable", "true"]
+EXIT = ["--checkpoint.enable", "true", "--training.steps", "5", "--training.exit_at_step"]
+
+
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        (["--training.gc_freq", "0"], "training.gc_freq"),
+        (["--training.gc_freq", "-3"], "training.gc_freq"),
+        (["--training.max_norm", "-1"], "training.max_norm"),
+        (["--training.loss_chunk_size", "-1"], "training.loss_chunk_size"),
+        (["--training.num_workers", "-1"], "training.num_workers"),
+        (["--lr_scheduler.min_lr_factor", "-0.1"], "lr_scheduler.min_lr_factor"),
+        (["--lr_scheduler.min_lr_factor", "1.5"], "lr_scheduler.min_lr_factor"),
+        (["--checkpoint.keep_latest_k", "-1"], "checkpoint.keep_latest_k"),
+        (EXIT + ["6"], "training.exit_at_step"),
+        (["--metrics.peak_tflops", "0"], "metrics.peak_tflops"),
+        (["--metrics.peak_tflops", "-2"], "metrics.peak_tflops"),
+        (["--memory_estimation.device_memory_gib", "0"], "memory_estimation.device_memory_gib"),
+        (["--memory_estimation.device_memory_gib", "-5"], "memory_estimation.device_memory_gib"),
+        (["--memory_estimation.world_size", "0"], "memory_estimation.world_size"),
+        (["--memory_estimation.ep_imbalance", "0.5"], "memory_estimation.ep_imbalance"),
+        (["--optimizer.beta1", "1.0"], "optimizer.beta1"),
+        (["--optimizer.beta1", "-0.1"], "optimizer.beta1"),
+        (["--optimizer.beta2", "1.0"], "optimizer.beta2"),
+        (["--optimizer.beta2", "-0.5"], "optimizer.beta2"),
+        (["--optimizer.eps", "-1e-8"], "optimizer.eps"),
+        (["--optimizer.weight_decay", "-0.1"], "optimizer.weight_decay"),
+        (["--optimizer.lr", "0"], "optimizer.lr"),
+        (LORA + ["--lora.rank", "0"], "lora.rank"),
+        (LORA + ["--lora.alpha", "0"], "lora.alpha"),
+        (LORA + ["--lora.alpha", "-16"], "lora.alpha"),
+        (LORA + ["--lora.dropout", "1.0"], "lora.dropout"),
+        (LORA + ["--lora.dropout", "-0.1"], "lora.dropout"),
+        (LORA + ["--lora.target_modules", "q_proj,wq"], "lora.target_modules"),
+        (LORA + ["--lora.target_modules", ""], "lora.target_modules"),
+        (
+            FLOAT8 + ["--float8.recipe", "rowwise", "--float8.enable_fsdp_float8_all_gather"],
+            "float8.enable_fsdp_float8_all_gather",
+        ),
+        (FLOAT8 + ["--float8.moe", "true"], "float8.moe"),
+        (FLOAT8 + ["--float8.moe", "true", "--float8.recipe", "rowwise_with_gw_hp"], "float8.moe"),
+        (
+            ["--training.dataset", "chat", "--training.data_sharding", "rows"],
+            "training.data_sharding",
+        ),
+        (["--compile.enable", "true", "--compile.components", ""], "compile.components"),
+        (["--model.vocab_size", "0"], "model.vocab_size"),
+        (["--model.n_layers", "0"], "model.n_layers"),
+        (["--model.n_layers", "-5"], "model.n_layers"),
+        (["--model.num_experts", "-2"], "model.num_experts"),
+        (["--model.moe_aux_loss_coef", "-0.5"], "model.moe_aux_loss_coef"),
+        (["--model.moe_bias_update_rate", "-0.01"], "model.moe_bias_update_rate"),
+        (
+            ["--parallelism.context_parallel_degree", "2", "--model.attn_backend", "sdpa"],
+            "model.attn_backend",
+        ),
+        (
+            ["--parallelism.context_parallel_degree", "2", "--model.attn_backend", "flex"],
+            "model.attn_backend",
+        ),
+    ],
+)
+def test_out_of_range_values_are_rejected(args, key):
+    with pytest.raises(ConfigError, match=re.escape(key)) as e:
+        load_config(args)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--training.max_norm", "0"],  # 0 = no clipping
+        ["--training.loss_chunk_size", "0"],  # plain loss
+        ["--checkpoint.keep_latest_k", "0"],  # keep all
+        ["--lr_scheduler.min_lr_factor", "1"],
+        EXIT + ["5"],
+        ["--optimizer.beta1", "0", "--optimizer.eps", "0", "--optimizer.weight_decay", "0"],
+        ["--metrics.peak_tflops", "500", "--memory_estimation.device_memory_gib", "141"],
+        LORA + ["--lora.rank", "1", "--lora.target_modules", "q_proj,experts"],
+        ["--lora.rank", "0"],  # LoRA off: its settings are not used
+        FLOAT8 + ["--float8.recipe", "rowwise", "--float8.moe", "true"],
+        FLOAT8 + ["--float8.enable_fsdp_float8_all_gather", "true"],
+        ["--float8.moe", "true"],  # float8 off
+        ["--compile.components", ""],  # compile off
+        ["--parallelism.context_parallel_degree", "2"],  # attn_backend auto
+        ["--model.flavor", "debugmodel_moe", "--model.n_layers", "1", "--model.num_experts", "4"],
+        ["--model.vocab_size", "4096", "--model.moe_aux_loss_coef", "0"],
+    ],
+)
+def test_boundary_values_are_accepted(args):
+    load_config(args)
+
+
+@pytest.mark.parametrize(
+    "args, value",
+    [
+        (["--optimizer.lr", "inf"], "'inf'"),
+        (["--optimizer.lr", "nan"], "'nan'"),
+        (["--training.max_norm", "-inf"], "'-inf'"),
+        (["--lr_scheduler.decay_ratio", "nan"], "'nan'"),  # float | None
+        (["--optimizer.eps", "1e999"], "'1e999'"),  # overflows to inf
+    ],
+)
+def test_cli_nan_and_inf_are_rejected(args, value):
+    key = args[0][2:]
+    with pytest.raises(ConfigError, match="expected a finite number") as e:
+        load_config(args)
+    assert f"{key} = {value}" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "line, key",
+    [
+        ("[optimizer]\nlr = inf\n", "optimizer.lr"),
+        ("[optimizer]\nlr = nan\n", "optimizer.lr"),
+        ("[training]\nmax_norm = -inf\n", "training.max_norm"),
+        ("[lr_scheduler]\ndecay_ratio = nan\n", "lr_scheduler.decay_ratio"),
+        ("[lora]\nalpha = " + "9" * 400 + "\n", "lora.alpha"),  # an int too large for a float
+    ],
+)
+def test_toml_nan_and_inf_are_rejected(tmp_path, line, key):
+    with pytest.raises(ConfigError, match=f"{re.escape(key)} = .*expected a finite number"):
+        load_config(["--job.config_file", write(tmp_path, line)])
 
 
 def test_toml_errors_name_file_and_key(tmp_path):

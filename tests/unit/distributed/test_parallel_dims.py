@@ -1,9 +1,15 @@
+import logging
+
 import pytest
+import torch
+import torch.distributed as dist
 
 from tests.dist_utils import run_distributed
 from torchtitan_ablate import train
-from torchtitan_ablate.config import run_main
+from torchtitan_ablate.config import ConfigError, load_config, run_main
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims, ParallelDimsError
+from torchtitan_ablate.models.qwen3 import Qwen3Model
+from torchtitan_ablate.models.qwen3.parallelize import check_fsdp_knobs, parallelize_qwen3
 
 
 def test_dp_shard_minus_one_takes_the_rest():
@@ -39,6 +45,102 @@ def test_model_constraints():
         cp.check_model(num_experts=0, seq_len=60)
 
 
+def _mesh_names(_):
+    pd = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, ep=1, world_size=dist.get_world_size())
+    pd.build_meshes("cpu")
+    with pytest.raises(KeyError):
+        pd.mesh("dp_shard_cp")  # never requested, so never built (a gloo group each)
+    return sorted(pd._meshes)
+
+
+def test_meshes_built_are_the_ones_requested():
+    assert run_distributed(_mesh_names, 2, None)[0] == ["dp", "dp_cp", "fsdp", "world"]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--model.num_experts", "8"], "model.num_experts = 8 applies to MoE flavors only"),
+        (["--model.moe_aux_loss_coef", "0.01"], "model.moe_aux_loss_coef = 0.01 applies to MoE"),
+        (["--model.moe_bias_update_rate", "0.01"], "model.moe_bias_update_rate = 0.01 applies"),
+    ],
+)
+def test_moe_knobs_on_a_dense_flavor_are_errors(args, needle):
+    with pytest.raises(ConfigError, match=needle):
+        train.build_model_args(load_config(["--model.flavor", "debugmodel"] + args))
+
+
+def test_model_overrides():
+    # "Keep" and "off" values pass on a dense flavor (shared argument lists set them).
+    dense = train.build_model_args(
+        load_config(["--model.moe_aux_loss_coef", "0", "--model.moe_bias_update_rate", "0"])
+    )
+    assert dense.num_experts == 0
+    moe = load_config(["--model.flavor", "debugmodel_moe", "--model.num_experts", "4"])
+    moe.model.n_layers, moe.model.moe_aux_loss_coef = 1, 0.0
+    args = train.build_model_args(moe)
+    assert (args.num_experts, args.n_layers, args.moe_aux_loss_coef) == (4, 1, 0.0)
+    # A config that skipped the loader's checks: 0 is not "keep the flavor's value".
+    moe.model.n_layers = 0
+    with pytest.raises(ConfigError, match="model.n_layers = 0: -1"):
+        train.build_model_args(moe)
+
+
+@pytest.mark.parametrize(
+    "device, use_fsdp, args, needle",
+    [
+        ("cpu", True, ["--parallelism.fsdp_cpu_offload", "true"], "needs CUDA devices"),
+        (
+            "cuda",
+            False,
+            ["--parallelism.fsdp_cpu_offload", "true", "--training.mixed_precision_param"]
+            + ["float32"],
+            "fsdp_cpu_offload = true needs FSDP.*mixed_precision_param = 'float32'",
+        ),
+        ("cuda", True, ["--parallelism.fsdp_cpu_offload", "true"], None),
+        (
+            "cpu",
+            False,
+            ["--parallelism.fsdp_reshard_after_forward", "always"],
+            "fsdp_reshard_after_forward = 'always' needs FSDP.*cpu_mixed_precision",
+        ),
+        ("cpu", True, ["--parallelism.fsdp_reshard_after_forward", "always"], None),
+        ("cpu", False, ["--parallelism.fsdp_reshard_after_forward", "never"], None),
+        (
+            "cpu",
+            False,
+            ["--training.mixed_precision_reduce", "bfloat16"],
+            "mixed_precision_reduce = 'bfloat16' needs FSDP",
+        ),
+        ("cuda", True, ["--training.mixed_precision_reduce", "bfloat16"], None),
+    ],
+)
+def test_fsdp_knobs_without_fsdp_are_errors(device, use_fsdp, args, needle):
+    config = load_config(args)
+    if needle is None:
+        check_fsdp_knobs(config, device, use_fsdp)
+        return
+    with pytest.raises(ConfigError, match=needle):
+        check_fsdp_knobs(config, device, use_fsdp)
+
+
+@pytest.mark.parametrize("mode, logged", [("full", "full"), ("selective", "selective (2)")])
+def test_ac_log_names_the_option_only_for_selective(caplog, mode, logged):
+    config = load_config(["--activation_checkpoint.mode", mode])
+    with torch.device("meta"):
+        model = Qwen3Model(train.build_model_args(config))
+    pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, ep=1, world_size=1)
+    with caplog.at_level(logging.INFO, logger="torchtitan_ablate"):
+        parallelize_qwen3(model, pd, config, "cpu")  # one CPU rank in fp32: no FSDP, no mesh
+    assert f"activation checkpointing: {logged}" in caplog.messages
+
+
+def _with_base(tmp_path, args: list[str]) -> list[str]:
+    """A short run's arguments plus `args`, each key once (args win)."""
+    base = {"--job.dump_folder": str(tmp_path), "--training.steps": "1", "--training.seq_len": "32"}
+    return [x for k, v in base.items() if k not in args for x in (k, v)] + args
+
+
 def _start(args):
     try:
         run_main(train.main, args)
@@ -65,8 +167,7 @@ def _start(args):
     ],
 )
 def test_bad_layout_fails_at_start_with_one_line(tmp_path, capfd, args, needle):
-    base = ["--job.dump_folder", str(tmp_path), "--training.steps", "1", "--training.seq_len", "32"]
-    codes = run_distributed(_start, 2, base + args)
+    codes = run_distributed(_start, 2, _with_base(tmp_path, args))
     err = capfd.readouterr().err
     if needle is None:  # a valid layout for contrast
         assert codes == [0, 0]
@@ -74,3 +175,21 @@ def test_bad_layout_fails_at_start_with_one_line(tmp_path, capfd, args, needle):
     assert codes == [2, 2]
     lines = [x for x in err.splitlines() if x.startswith("config error:")]
     assert lines and needle in lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--parallelism.fsdp_reshard_after_forward", "always"], "needs FSDP"),
+        (["--training.mixed_precision_reduce", "bfloat16"], "needs FSDP"),
+        (["--parallelism.fsdp_reshard_after_forward", "never"], None),  # what happens anyway
+    ],
+)
+def test_fsdp_knobs_on_one_cpu_rank_fail_at_start(tmp_path, capfd, args, needle):
+    codes = run_distributed(_start, 1, _with_base(tmp_path, args))
+    if needle is None:
+        assert codes == [0]
+        return
+    assert codes == [2]
+    lines = [x for x in capfd.readouterr().err.splitlines() if x.startswith("config error:")]
+    assert len(lines) == 1 and needle in lines[0]

@@ -40,6 +40,44 @@ def param_dtype(job_config: JobConfig, device_type: str) -> torch.dtype:
     return torch.float32
 
 
+def check_fsdp_knobs(job_config: JobConfig, device_type: str, use_fsdp: bool) -> None:
+    """FSDP settings that would be silently ignored are errors, raised before anything is built.
+
+    Without FSDP (one rank, float32 parameters) parameters stay whole and gradients are not
+    reduced: cpu offload and bf16 reduction cannot happen, and "always" cannot free anything
+    ("never", keeping parameters gathered, is what happens anyway).
+    """
+    p, t = job_config.parallelism, job_config.training
+    if p.fsdp_cpu_offload and device_type != "cuda":
+        raise ConfigError(
+            "parallelism.fsdp_cpu_offload = true needs CUDA devices (it keeps GPU parameters "
+            "in CPU memory); on CPU training set it to false"
+        )
+    if use_fsdp:
+        return
+    dtype_reason = (
+        "training.mixed_precision_param = 'float32'"
+        if t.mixed_precision_param == "float32"
+        else "CPU training keeps float32 unless training.cpu_mixed_precision = true"
+    )
+    why = f"needs FSDP, which is not applied on one rank with float32 parameters ({dtype_reason})"
+    if p.fsdp_cpu_offload:
+        raise ConfigError(
+            f"parallelism.fsdp_cpu_offload = true {why}: set training.mixed_precision_param = "
+            "'bfloat16' (FSDP then runs on one GPU too) or fsdp_cpu_offload = false"
+        )
+    if p.fsdp_reshard_after_forward == "always":
+        raise ConfigError(
+            f"parallelism.fsdp_reshard_after_forward = 'always' {why}; without it parameters "
+            "stay whole and nothing is freed after forward: remove the setting or use more ranks"
+        )
+    if t.mixed_precision_reduce != "float32":
+        raise ConfigError(
+            f"training.mixed_precision_reduce = {t.mixed_precision_reduce!r} {why}; one rank "
+            "reduces no gradients: remove the setting or use more ranks"
+        )
+
+
 def parallelize_qwen3(
     model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig, device_type: str
 ) -> nn.Module:
@@ -47,6 +85,7 @@ def parallelize_qwen3(
     dtype = param_dtype(job_config, device_type)
     # FSDP2 also on one GPU: its MixedPrecisionPolicy gives bf16 compute over fp32 weights.
     use_fsdp = pd.dp > 1 or pd.cp > 1 or dtype != torch.float32
+    check_fsdp_knobs(job_config, device_type, use_fsdp)
 
     lora = job_config.lora
     if lora.enable:
@@ -68,7 +107,8 @@ def parallelize_qwen3(
     ac = job_config.activation_checkpoint
     if ac.mode != "none":
         apply_ac(model, ac.mode, ac.selective_ac_option)
-        logger.info(f"activation checkpointing: {ac.mode} ({ac.selective_ac_option})")
+        option = f" ({ac.selective_ac_option})" if ac.mode == "selective" else ""
+        logger.info(f"activation checkpointing: {ac.mode}{option}")
 
     if job_config.compile.enable and "loss" in job_config.compile.components:
         model.output.compile_loss = True  # the chunked loss; the plain one is built compiled
@@ -78,11 +118,6 @@ def parallelize_qwen3(
         apply_compile(model, fullgraph=not model.args.num_experts)
         logger.info("torch.compile per transformer block")
 
-    if job_config.parallelism.fsdp_cpu_offload and device_type != "cuda":
-        raise ConfigError(
-            "parallelism.fsdp_cpu_offload = true needs CUDA devices (it keeps GPU parameters "
-            "in CPU memory); on CPU training set it to false"
-        )
     if use_fsdp:
         p = job_config.parallelism
         apply_fsdp(
