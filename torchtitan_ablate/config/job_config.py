@@ -120,7 +120,8 @@ class Training:
     """auto: CUDA when available, else CPU (gloo between processes)."""
 
     seed: int = 42
-    """Seed for weights, data order and dropout; same seed, same run."""
+    """Seed for weights, synthetic data and dropout; same seed, same run (text and chat data
+    are read in file order whatever the seed)."""
 
     deterministic: bool = False
     """Ask torch for deterministic kernels (slower on GPU)."""
@@ -139,7 +140,8 @@ class Training:
 @dataclass
 class Optimizer:
     name: Literal["AdamW", "Adam"] = "AdamW"
-    """Optimizer."""
+    """Optimizer. AdamW decays weights decoupled from the gradient; Adam adds weight_decay * w
+    to the gradient (L2), as torch.optim.Adam does."""
 
     lr: float = 1e-3
     """Peak learning rate."""
@@ -154,7 +156,7 @@ class Optimizer:
     """Adam epsilon."""
 
     weight_decay: float = 0.1
-    """Decoupled weight decay."""
+    """Weight decay (decoupled for AdamW, L2 for Adam)."""
 
     implementation: Literal["auto", "fused", "foreach", "for-loop"] = "auto"
     """auto: fused on CUDA, foreach on CPU."""
@@ -253,10 +255,12 @@ class Checkpoint:
     """Save every this many steps (and at the last step)."""
 
     keep_latest_k: int = 3
-    """Keep this many newest checkpoints (0 = all)."""
+    """Keep this many checkpoints, the one just saved included (0 = all); older steps are
+    deleted after each save."""
 
     load_step: int = -1
-    """Step to resume from; -1 = the latest complete one."""
+    """Step to resume from; -1 = the latest complete one. Resuming an older step moves the newer
+    ones into <checkpoint folder>/abandoned/<time>/ (never deleted, never loaded again)."""
 
     initial_load_path: str | None = None
     """Weights to start from when the folder has no checkpoint yet (a DCP folder, or an HF
@@ -328,7 +332,7 @@ class MemoryEstimation:
     """Estimate per-GPU peak memory instead of training (see estimation.py)."""
 
     world_size: int = -1
-    """Ranks to model; -1 = NGPU * NNODES from the environment, else 1."""
+    """Ranks to model; -1 = NGPU * NNODES from the environment, else WORLD_SIZE, else 1."""
 
     device_memory_gib: float = -1.0
     """Device memory for the fits verdict; -1 = the detected GPU, else 80."""
