@@ -10,10 +10,14 @@ reference has no logged step.
 """
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # runnable from a fresh clone without installing the package
+
+from torchtitan_ablate.components.metrics_file import read_metrics_rows  # noqa: E402
 
 
 class MetricsError(ValueError):
@@ -24,22 +28,10 @@ def losses(folder: str) -> dict[int, float]:
     """{step: loss} of folder/metrics.jsonl ({} when the file is empty)."""
     path = Path(folder, "metrics.jsonl")
     try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise MetricsError(f"{path}: cannot read: {e}") from None
-    out = {}
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise MetricsError(f"{path}: line {n} is not JSON: {line[:60]!r}") from None
-        step, loss = (row.get("step"), row.get("loss")) if isinstance(row, dict) else (None, None)
-        if type(step) is not int or type(loss) not in (int, float):
-            raise MetricsError(f"{path}: line {n} needs an integer step and a numeric loss")
-        out[step] = float(loss)
-    return out
+        rows = read_metrics_rows(path, numeric=("loss",))
+    except ValueError as e:
+        raise MetricsError(f"{path}: {e}") from None
+    return {row["step"]: float(row["loss"]) for _, row in rows}
 
 
 def _rel_diff(value: float, ref: float) -> float:

@@ -8,10 +8,14 @@ stderr naming it; the exit code is then 2 (the other rows are still printed).
 """
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # runnable from a fresh clone without installing the package
+
+from torchtitan_ablate.components.metrics_file import read_metrics_rows  # noqa: E402
 
 KEYS = ("step", "loss", "tps", "tflops", "mfu", "memory_max_active_gib", "memory_max_reserved_gib")
 
@@ -29,23 +33,9 @@ def read_rows(folder: Path) -> list[dict]:
     if not path.is_file():
         raise MetricsError(path, "not found (the run failed before logging, or not a run)")
     try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise MetricsError(path, f"cannot read: {e}") from None
-    rows = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise MetricsError(path, f"line {n} is not JSON: {line[:60]!r}") from None
-        if not isinstance(row, dict):
-            raise MetricsError(path, f"line {n} is not a JSON object")
-        bad = [k for k in KEYS if type(row.get(k)) not in (int, float)]
-        if bad:
-            raise MetricsError(path, f"line {n} lacks numeric {', '.join(bad)}")
-        rows.append(row)
+        rows = [row for _, row in read_metrics_rows(path, numeric=KEYS)]
+    except ValueError as e:
+        raise MetricsError(path, str(e)) from None
     if not rows:
         raise MetricsError(path, "empty (the run logged no step)")
     return rows

@@ -49,7 +49,7 @@ def test_empty_run_metrics_is_a_failed_run(tmp_path, capsys):
         (None, "metrics.jsonl: not found (the reference run)"),
         ("", "metrics.jsonl: empty (the reference logged no step)"),
         ("{garbage\n", "metrics.jsonl: line 1 is not JSON"),
-        ('{"step": 1}\n', "metrics.jsonl: line 1 needs an integer step and a numeric loss"),
+        ('{"step": 1}\n', "metrics.jsonl: line 1 lacks numeric loss"),
     ],
 )
 def test_unusable_reference_is_one_line(tmp_path, capsys, content, message):
