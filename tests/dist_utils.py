@@ -2,7 +2,7 @@
 
     results = run_distributed(fn, 2, arg1, arg2)  # fn(arg1, arg2) on ranks 0 and 1
 
-`fn` reads its rank from torch.distributed; it must be a module-level function (spawn pickles it by
+`fn` reads its rank from torch.distributed; it must be a module-level function (pickled by
 name) and its arguments and return value must pickle. A rank's exception is re-raised in the test
 with the rank's traceback attached as its cause.
 """
@@ -20,6 +20,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+# Imported once by the fork server (before its first fork), so ranks start without importing.
+PRELOAD = ["torch", "torch.distributed", "torchtitan_ablate.train", "tests.dist_utils"]
+
 
 class RemoteTraceback(Exception):
     """Carries a rank's formatted traceback (shown as the cause of the re-raised exception)."""
@@ -33,16 +36,20 @@ def run_distributed(
     world_size: int,
     *args: Any,
     backend: str = "gloo",
-    start_method: str = "spawn",
+    start_method: str = "forkserver",
     num_threads: int | None = 1,
     timeout_s: float = 120.0,
 ) -> list[Any]:
     """Runs `fn(*args)` on `world_size` ranks; returns the results in rank order.
 
-    spawn is the default because fork is unsafe once the parent has started CUDA or OpenMP
-    threads; `num_threads=1` keeps N ranks from oversubscribing a small CPU box.
+    Not fork: it is unsafe once the parent has started CUDA or OpenMP threads. forkserver forks
+    each rank from a clean server process that has imported torch and the trainer once, where
+    spawn would import them in every rank (~4 s of CPU each: most of the suite's time on 2
+    cores). `num_threads=1` keeps N ranks from oversubscribing a small CPU box.
     """
     ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
     results_q = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         store_path = os.path.join(tmp, "store")
