@@ -141,6 +141,12 @@ def _with_base(tmp_path, args: list[str]) -> list[str]:
     return [x for k, v in base.items() if k not in args for x in (k, v)] + args
 
 
+def _run_start(world_size: int, args: list[str]) -> list:
+    # spawn: a spawned rank writes to this test's captured stderr; a forkserver rank would
+    # write to the descriptors the server inherited when it started.
+    return run_distributed(_start, world_size, args, start_method="spawn")
+
+
 def _start(args):
     try:
         run_main(train.main, args)
@@ -167,7 +173,7 @@ def _start(args):
     ],
 )
 def test_bad_layout_fails_at_start_with_one_line(tmp_path, capfd, args, needle):
-    codes = run_distributed(_start, 2, _with_base(tmp_path, args))
+    codes = _run_start(2, _with_base(tmp_path, args))
     err = capfd.readouterr().err
     if needle is None:  # a valid layout for contrast
         assert codes == [0, 0]
@@ -186,7 +192,7 @@ def test_bad_layout_fails_at_start_with_one_line(tmp_path, capfd, args, needle):
     ],
 )
 def test_fsdp_knobs_on_one_cpu_rank_fail_at_start(tmp_path, capfd, args, needle):
-    codes = run_distributed(_start, 1, _with_base(tmp_path, args))
+    codes = _run_start(1, _with_base(tmp_path, args))
     if needle is None:
         assert codes == [0]
         return
