@@ -51,10 +51,6 @@ def build_model_args(config: JobConfig) -> Qwen3ModelArgs:
     base = _auto_flavor(config) if m.flavor == "auto" else qwen3_flavors.get(m.flavor)
     if base is None:
         raise ConfigError(f"model.flavor = {m.flavor!r}: auto or one of {', '.join(qwen3_flavors)}")
-    for key in ("vocab_size", "n_layers", "num_experts"):
-        value = getattr(m, key)
-        if value != -1 and value < 1:
-            raise ConfigError(f"model.{key} = {value}: -1 (keep the flavor's value) or >= 1")
     if not base.num_experts:
         _reject_moe_knobs_on_dense(config)
     overrides: dict = {"attn_backend": m.attn_backend}
