@@ -80,10 +80,9 @@ def test_model_overrides():
     moe.model.n_layers, moe.model.moe_aux_loss_coef = 1, 0.0
     args = train.build_model_args(moe)
     assert (args.num_experts, args.n_layers, args.moe_aux_loss_coef) == (4, 1, 0.0)
-    # A config that skipped the loader's checks: 0 is not "keep the flavor's value".
-    moe.model.n_layers = 0
+    # 0 is not "keep the flavor's value": the loader rejects it before any build.
     with pytest.raises(ConfigError, match="model.n_layers = 0: -1"):
-        train.build_model_args(moe)
+        load_config(["--model.flavor", "debugmodel_moe", "--model.n_layers", "0"])
 
 
 @pytest.mark.parametrize(
