@@ -33,6 +33,7 @@ from torchtitan_ablate.config import ConfigError, JobConfig, run_main, write_con
 from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.distributed.context_parallel import cp_shard_batch
 from torchtitan_ablate.distributed.float8 import float8_post_optimizer_step
+from torchtitan_ablate.distributed.fsdp import before_micro_batch
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.models.common import attention
 from torchtitan_ablate.models.common.lora import init_lora_weights
@@ -216,14 +217,8 @@ def train_step(
     aux_total = torch.zeros((), device=device)
     balance_bias = model.args.num_experts > 0 and model.args.moe_bias_update_rate > 0
     load_before = model.expert_load().clone() if balance_bias else None
-    gather_once = model.fsdp_gather_once_per_step and len(batches) > 1
-    sync_once = model.fsdp_sync_grads_once_per_step and len(batches) > 1
     for i, batch in enumerate(batches):
-        last = i == len(batches) - 1
-        if gather_once:  # ZeRO-2 mode: keep the gathered weights until the last backward
-            model.set_reshard_after_backward(last)
-        if sync_once:  # one rank: reduce the accumulated gradients after the last backward
-            model.set_requires_gradient_sync(last)
+        before_micro_batch(model, i, len(batches))
         ce = loss_fn(model, batch) / global_tokens
         ce.backward()
         ce_total += ce.detach()

@@ -67,8 +67,6 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
     start = time.perf_counter()
     world_size = resolve_world_size(config)
     me = config.memory_estimation
-    if me.ep_imbalance < 1.0:
-        raise ConfigError(f"memory_estimation.ep_imbalance = {me.ep_imbalance}: must be >= 1")
     cfg, notes = prepare_config(config, target)
     cuda = target == "cuda"
     grouped_mm = param_dtype(cfg, "cpu") == torch.bfloat16 if cuda else None

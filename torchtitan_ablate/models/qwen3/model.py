@@ -111,12 +111,6 @@ class Qwen3Model(nn.Module):
         # Builds the per-forward mask the attention_fn of every layer reads; context parallel
         # swaps in one that masks this rank's queries against the whole sequence.
         self.build_mask = build_attention_mask
-        # Set by apply_fsdp in ZeRO-2 mode: train_step then gathers the weights once per
-        # optimizer step instead of once per micro-batch.
-        self.fsdp_gather_once_per_step = False
-        # Set by apply_fsdp on a one-rank mesh: gradients of the micro-batches before the last
-        # accumulate unsharded (fp32) and FSDP's reduce copies run once per step.
-        self.fsdp_sync_grads_once_per_step = False
 
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
