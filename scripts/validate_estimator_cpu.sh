@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The CPU-validation table of docs/memory_estimation.md: fake estimate vs real gloo ranks for the
+# debug models in 9 layouts (2 ranks, seq 128, local batch 2). Prints the table; exit 1 if any
+# row is off by more than 5%.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+B="--training.seq_len 128 --training.local_batch_size 2"
+D="train_configs/debug_model.toml $B"
+"$PYTHON" scripts/validate_estimator.py --world_size 2 --configs \
+  "$D" \
+  "$D --parallelism.fsdp_reshard_after_forward never" \
+  "$D --activation_checkpoint.mode full" \
+  "$D --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op" \
+  "$D --parallelism.context_parallel_degree 2" \
+  "train_configs/qwen3_moe_debug.toml $B --parallelism.expert_parallel_degree 2" \
+  "$D --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1" \
+  "$D --float8.enable true" \
+  "$D --training.global_batch_size 8"
