@@ -26,6 +26,7 @@ import re
 import shutil
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -224,7 +225,10 @@ def main(argv: list[str] | None = None) -> list[str]:
         return to_dcp(a.src, tmp)
 
     try:
-        files = write_folder(a.out, convert)
+        with warnings.catch_warnings():
+            # One process by design (no_dist=True); DCP still warns about it on every call.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            files = write_folder(a.out, convert)
     except (ValueError, OSError) as e:  # unreadable, mismatching or missing inputs
         print(f"convert_checkpoint: error: {str(e).splitlines()[0][:500]}", file=sys.stderr)
         raise SystemExit(2) from None
