@@ -1,3 +1,5 @@
+import contextlib
+import io
 import logging
 
 import pytest
@@ -140,18 +142,21 @@ def _with_base(tmp_path, args: list[str]) -> list[str]:
     return [x for k, v in base.items() if k not in args for x in (k, v)] + args
 
 
-def _run_start(world_size: int, args: list[str]) -> list:
-    # spawn: a spawned rank writes to this test's captured stderr; a forkserver rank would
-    # write to the descriptors the server inherited when it started.
-    return run_distributed(_start, world_size, args, start_method="spawn")
+def _run_start(world_size: int, args: list[str]) -> list[tuple[int, list[str]]]:
+    """Per rank: the exit code of a run's start and the `config error:` lines it printed."""
+    return run_distributed(_start, world_size, args)
 
 
-def _start(args):
-    try:
-        run_main(train.main, args)
-    except SystemExit as e:
-        return e.code
-    return 0
+def _start(args) -> tuple[int, list[str]]:
+    # The rank reads its own stderr: forkserver ranks do not write to the test's descriptors.
+    err = io.StringIO()
+    code = 0
+    with contextlib.redirect_stderr(err):
+        try:
+            run_main(train.main, args)
+        except SystemExit as e:
+            code = e.code
+    return code, [x for x in err.getvalue().splitlines() if x.startswith("config error:")]
 
 
 @pytest.mark.parametrize(
@@ -171,15 +176,13 @@ def _start(args):
         ),
     ],
 )
-def test_bad_layout_fails_at_start_with_one_line(tmp_path, capfd, args, needle):
-    codes = _run_start(2, _with_base(tmp_path, args))
-    err = capfd.readouterr().err
+def test_bad_layout_fails_at_start_with_one_line(tmp_path, args, needle):
+    ranks = _run_start(2, _with_base(tmp_path, args))
     if needle is None:  # a valid layout for contrast
-        assert codes == [0, 0]
+        assert ranks == [(0, []), (0, [])]
         return
-    assert codes == [2, 2]
-    lines = [x for x in err.splitlines() if x.startswith("config error:")]
-    assert lines and needle in lines[0]
+    for code, lines in ranks:
+        assert code == 2 and len(lines) == 1 and needle in lines[0], ranks
 
 
 @pytest.mark.parametrize(
@@ -190,11 +193,9 @@ def test_bad_layout_fails_at_start_with_one_line(tmp_path, capfd, args, needle):
         (["--parallelism.fsdp_reshard_after_forward", "never"], None),  # what happens anyway
     ],
 )
-def test_fsdp_knobs_on_one_cpu_rank_fail_at_start(tmp_path, capfd, args, needle):
-    codes = _run_start(1, _with_base(tmp_path, args))
+def test_fsdp_knobs_on_one_cpu_rank_fail_at_start(tmp_path, args, needle):
+    ((code, lines),) = _run_start(1, _with_base(tmp_path, args))
     if needle is None:
-        assert codes == [0]
+        assert (code, lines) == (0, [])
         return
-    assert codes == [2]
-    lines = [x for x in capfd.readouterr().err.splitlines() if x.startswith("config error:")]
-    assert len(lines) == 1 and needle in lines[0]
+    assert code == 2 and len(lines) == 1 and needle in lines[0]
