@@ -29,6 +29,7 @@ from torchtitan_ablate.components.optimizer import build_optimizer
 from torchtitan_ablate.components.profiling import CommProfiler
 from torchtitan_ablate.components.tokenizer import build_tokenizer
 from torchtitan_ablate.components.trace_profiler import TraceProfiler
+from torchtitan_ablate.components.validate import Validator
 from torchtitan_ablate.config import ConfigError, JobConfig, run_main, write_config
 from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.distributed.context_parallel import cp_shard_batch
@@ -286,6 +287,12 @@ class Trainer:
             data_sharding=config.training.data_sharding,
         )
 
+        self.validator = None
+        if config.validation.enable:  # held-out data: a file error shows before the model build
+            self.validator = Validator(
+                config.validation, config.training, self.tokenizer, pd, self.device
+            )
+
         # 2. Model: meta build, parallelize, materialize, initialize.
         self.model = model = build_model(config, pd, self.model_args, self.device)
         self.loss_fn = build_loss_fn(config)
@@ -384,9 +391,15 @@ class Trainer:
             self.comm_profiler.step(self.step)
             self.trace_profiler.step(self.step)
             self.metrics.add_tokens(sum(b["input_ids"].numel() for b in batches), data_time)
-            log_now = self.metrics.should_log(self.step, last)
+            validate = self.validator is not None and self.validator.should_run(self.step, last)
+            log_now = self.metrics.should_log(self.step, last) or validate
             if log_now:
-                records.append(self.metrics.log(self.step, self._reduce(out, lr)))
+                values = self._reduce(out, lr)
+                if validate:
+                    start = time.perf_counter()
+                    values["validation_loss"] = self.validator.run(self.model, self.loss_fn)
+                    self.metrics.exclude_time(time.perf_counter() - start)
+                records.append(self.metrics.log(self.step, values))
             # Agreeing on a SIGTERM costs a collective and a host sync: only on log steps,
             # where the metrics sync anyway (a stop comes at most log_freq steps late).
             sigterm = log_now and self._stop_requested_anywhere()

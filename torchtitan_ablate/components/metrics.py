@@ -91,6 +91,10 @@ class MetricsLogger:
         self.window_tokens += num_tokens
         self.window_data_time += data_time
 
+    def exclude_time(self, seconds: float) -> None:
+        """Leave time spent outside training (validation) out of this window's tokens/s."""
+        self.window_start += seconds
+
     def should_log(self, step: int, last_step: int) -> bool:
         return step == 1 or step % self.config.log_freq == 0 or step == last_step
 
@@ -121,6 +125,8 @@ class MetricsLogger:
             f"lr {r['lr']:.2e}  tps {r['tps']:,.0f}  tflops {r['tflops']:.1f}  "
             f"mfu {r['mfu']:.1f}%  {mem}  data {100 * r['data_time_frac']:.1f}%"
         )
+        if "validation_loss" in r:
+            line += f"  val_loss {r['validation_loss']:.4f}"
         if "moe_aux_loss" in r:
             line += (
                 f"  aux {r['moe_aux_loss']:.4f}  expert_load max/mean "

@@ -244,6 +244,26 @@ class Float8:
 
 
 @dataclass
+class Validation:
+    enable: bool = False
+    """Measure the loss on held-out data during training (logged as validation_loss)."""
+
+    dataset_path: str | None = None
+    """Held-out .txt/.jsonl file or folder of the same kind as training.dataset, read with the
+    training packing and sharding. Not needed for synthetic data (a differently seeded stream)."""
+
+    freq: int = 100
+    """Steps between validations; the last step is always validated."""
+
+    steps: int = 10
+    """Micro-batches per data-parallel rank in each validation; every validation reads the same
+    ones, so the figures of one run are comparable."""
+
+    local_batch_size: int = -1
+    """Sequences per validation micro-batch on each rank; -1 = training.local_batch_size."""
+
+
+@dataclass
 class Checkpoint:
     enable: bool = False
     """Save DCP checkpoints and resume from the latest one."""
@@ -355,6 +375,7 @@ class JobConfig:
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)
     float8: Float8 = field(default_factory=Float8)
+    validation: Validation = field(default_factory=Validation)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     lora: LoRA = field(default_factory=LoRA)
     metrics: Metrics = field(default_factory=Metrics)

@@ -288,6 +288,19 @@ def validate(config: JobConfig) -> None:
         "rate as a fraction of optimizer.lr)",
     )
 
+    v = config.validation
+    require(
+        not v.enable or t.dataset == "synthetic" or bool(v.dataset_path),
+        f"validation.enable = true with training.dataset = {t.dataset!r} needs "
+        "validation.dataset_path (held-out data of the same kind)",
+    )
+    at_least("validation.freq", v.freq, 1, " (validate every n steps)")
+    at_least("validation.steps", v.steps, 1, " (micro-batches per validation)")
+    require(
+        v.local_batch_size == -1 or v.local_batch_size >= 1,
+        f"validation.local_batch_size = {v.local_batch_size}: -1 (training's) or >= 1",
+    )
+
     require(config.metrics.log_freq >= 1, f"metrics.log_freq = {config.metrics.log_freq}: >= 1")
     unset_or_positive("metrics.peak_tflops", config.metrics.peak_tflops, "look the device up")
     ck = config.checkpoint
