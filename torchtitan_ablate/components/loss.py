@@ -113,13 +113,11 @@ def chunked_linear_cross_entropy_sum(
     compiled: fuse each chunk's softmax and gradient with torch.compile."""
     if not torch.is_grad_enabled():  # validation: the loss alone, no gradients made ahead
         h_ND, labels_N = h_BSD.flatten(0, 1), labels_BS.flatten(0, 1)
-        chunks = range(0, h_ND.shape[0], chunk_size)
-        return sum(
-            cross_entropy_sum(
-                (h_ND[i : i + chunk_size] @ weight_VD.T)[None], labels_N[i : i + chunk_size][None]
-            )
-            for i in chunks
-        )
+        loss = torch.zeros((), dtype=torch.float32, device=h_ND.device)
+        for i in range(0, h_ND.shape[0], chunk_size):
+            logits_1nV = (h_ND[i : i + chunk_size] @ weight_VD.T)[None]
+            loss += cross_entropy_sum(logits_1nV, labels_N[i : i + chunk_size][None])
+        return loss
     return _ChunkedLinearCrossEntropy.apply(
         h_BSD.flatten(0, 1), weight_VD, labels_BS.flatten(0, 1), chunk_size, compiled
     )

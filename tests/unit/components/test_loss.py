@@ -37,6 +37,16 @@ def test_chunked_matches_plain_value_and_grads(chunk, compiled):
     torch.testing.assert_close(w.grad, ref_gw, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [1, 5, 100])
+def test_chunked_without_grad_is_the_plain_value(chunk):
+    h, w, labels = _inputs(torch.float32)
+    ref = cross_entropy_sum(h @ w.T, labels)
+    with torch.no_grad():  # validation: the loss alone
+        got = chunked_linear_cross_entropy_sum(h, w, labels, chunk)
+    assert not got.requires_grad
+    torch.testing.assert_close(got, ref.detach(), atol=1e-5, rtol=1e-6)
+
+
 def test_chunked_bf16_close_to_plain():
     h, w, labels = _inputs(torch.bfloat16)
     ref = cross_entropy_sum(h @ w.T, labels)
