@@ -23,11 +23,15 @@ def _memory(row: dict) -> tuple[str, str]:
 
 def results_table(rows: list[dict]) -> list[str]:
     profiled = any(r["comm_pct"] is not None for r in rows)
+    validated = any(r["validation_loss_mean"] is not None for r in rows)
     head = (
         "| variant | runs ok | tokens/s/GPU (median) | noise | speedup | TFLOP/s | MFU % "
         "| peak mem measured GiB | predicted GiB | mem ratio | final loss (mean +- std) |"
     )
     sep = "|---|---|---|---|---|---|---|---|---|---|---|"
+    if validated:
+        head += " validation loss (mean) |"
+        sep += "---|"
     if profiled:
         head += " comm / compute / data % | GPU util % |"
         sep += "---|---|"
@@ -47,6 +51,8 @@ def results_table(rows: list[dict]) -> list[str]:
             f"| {noise} | {speedup} | {_num(r['tflops'], '.3g')} | {_num(r['mfu_pct'], '.1f')} "
             f"| {measured} | {predicted} | {ratio} | {loss} |"
         )
+        if validated:
+            line += f" {_num(r['validation_loss_mean'], '.4f')} |"
         if profiled:
             shares = [_num(r[k], ".0f") for k in ("comm_pct", "compute_pct", "data_pct")]
             line += f" {' / '.join(shares)} | {_num(r['gpu_util_pct'], '.0f')} |"

@@ -21,7 +21,8 @@ COLUMNS = [
     "variant", "group", "status", "runs_ok", "runs", "tps_median", "tps_noise_pct", "speedup",
     "tflops", "mfu_pct", "memory_measured_gib", "memory_reserved_gib", "memory_predicted_gib",
     "fits_predicted", "memory_ratio", "memory_ratio_basis", "final_loss_mean",
-    "final_loss_spread", "final_loss_std", "global_batch_size", "grad_accum", "tokens_per_step",
+    "final_loss_spread", "final_loss_std", "validation_loss_mean", "global_batch_size",
+    "grad_accum", "tokens_per_step",
     "comm_pct", "compute_pct", "data_pct", "gpu_util_pct", "error", "verdict",
 ]  # fmt: skip
 
@@ -64,7 +65,7 @@ def summarize_variant(variant: dict, out: Path, warmup: int) -> dict[str, Any]:
         row.update(status="invalid", runs_ok=0, error=variant["error"])
         return row
     per_seed_tps, step_tps, tflops, mfu, finals, active, reserved = [], [], [], [], [], [], []
-    errors, profiles, curves = [], [], {}
+    errors, profiles, curves, held_out = [], [], {}, []
     for run in variant["runs"]:
         run_dir = out / run["dir"]
         status = read_status(run_dir)
@@ -87,6 +88,8 @@ def summarize_variant(variant: dict, out: Path, warmup: int) -> dict[str, Any]:
         tflops += [r["tflops"] for r in steady]
         mfu += [r["mfu"] for r in steady]
         finals.append(records[-1]["loss"])
+        validated = [r["validation_loss"] for r in records if "validation_loss" in r]
+        held_out += validated[-1:]
         # CPU runs log 0.0 GiB without a device percentage: memory not measured.
         if any("memory_max_reserved_pct" in r for r in records):
             active.append(max(r["memory_max_active_gib"] for r in records))
@@ -115,6 +118,10 @@ def summarize_variant(variant: dict, out: Path, warmup: int) -> dict[str, Any]:
     if len(finals) >= 2:
         row["final_loss_spread"] = max(finals) - min(finals)
         row["final_loss_std"] = statistics.stdev(finals)
+    # Only when every finished run validated: a mean over some seeds would mislead.
+    row["validation_loss_mean"] = (
+        statistics.fmean(held_out) if len(held_out) == len(finals) else None
+    )
     for key, name in (("comm_pct", "collectives"), ("compute_pct", "compute")):
         vals = [p[f"{name}_share"] for p in profiles if f"{name}_share" in p]
         row[key] = 100 * statistics.fmean(vals) if vals else None
@@ -168,6 +175,9 @@ def compare(row: dict, base: dict) -> None:
         parts.append(f"{loss}, {within} the seed spread {max(spreads):.4f})")
     else:
         parts.append(f"{loss}; one seed: loss noise unknown)")
+    if row["validation_loss_mean"] is not None and base["validation_loss_mean"] is not None:
+        val, base_val = row["validation_loss_mean"], base["validation_loss_mean"]
+        parts.append(f"validation loss {val:.4f} vs {base_val:.4f} ({val - base_val:+.4f})")
     row["verdict"] = f"{name} vs {base['variant']}: " + "; ".join(parts)
 
 

@@ -11,7 +11,7 @@ ENV = {"git_commit": "abc", "git_dirty": False, "python": "3", "torch": "2", "cu
 ENV |= {"platform": "p", "cpu": "c", "cpu_count": 2, "gpus": []}
 
 
-def make_run(out, variant, seed, tps, losses, status="ok", error=None):
+def make_run(out, variant, seed, tps, losses, status="ok", error=None, validation=None):
     run_dir = out / "runs" / variant / f"seed{seed}"
     run_dir.mkdir(parents=True)
     records = [
@@ -19,6 +19,8 @@ def make_run(out, variant, seed, tps, losses, status="ok", error=None):
          "memory_max_active_gib": 0.0, "memory_max_reserved_gib": 0.0}
         for i, (t, loss) in enumerate(zip(tps, losses))
     ]  # fmt: skip
+    for step, value in (validation or {}).items():
+        records[step - 1]["validation_loss"] = value
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     status_doc = {"status": status, "returncode": 0 if status == "ok" else 1, "command": "x"}
     if error:
@@ -111,3 +113,20 @@ def test_sweep_plots(tmp_path):
     names = make_plots(rows, tmp_path)
     assert names == ["loss.png", "throughput.png", "memory.png", "tokens_vs_batch.png"]
     assert all((tmp_path / n).stat().st_size > 1000 for n in names)
+
+
+def test_validation_loss_column_and_verdict(tmp_path):
+    tps, losses = [1, 10, 10, 10], [5.0, 4.0, 3.0, 2.0]
+    a = [make_run(tmp_path, "a", s, tps, losses, validation={2: 9.0, 4: v}) for s, v in
+         ((1, 3.0), (2, 3.2))]  # fmt: skip
+    b = [make_run(tmp_path, "b", 1, tps, losses, validation={4: 2.9})]
+    c = [make_run(tmp_path, "c", 1, tps, losses)]  # no [validation]: no figure, no comparison
+    plan(tmp_path, [variant("a", a), variant("b", b), variant("c", c)])
+    write_report(tmp_path)
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert abs(rows[0]["validation_loss_mean"] - 3.1) < 1e-9  # last validation of each seed
+    assert rows[1]["validation_loss_mean"] == 2.9 and rows[2]["validation_loss_mean"] is None
+    assert "validation loss 2.9000 vs 3.1000 (-0.2000)" in rows[1]["verdict"]
+    assert "validation" not in rows[2]["verdict"]
+    md = (tmp_path / "report.md").read_text()
+    assert "validation loss (mean) |" in md and "| 3.1000 |" in md and "| n/a |" in md
