@@ -75,6 +75,13 @@ def test_validation_loss_is_the_same_under_parallel_layouts(tmp_path):
     two = VALIDATION + ROWS + ["--training.local_batch_size", "2"]
     layouts = {
         "fsdp2": (one, two),
+        # Weights left gathered after the no-grad forward, then accumulation over 2 micro-batches.
+        "zero2_accum": (
+            one + ["--training.global_batch_size", "8"],
+            two
+            + ["--parallelism.fsdp_reshard_after_forward", "never"]
+            + ["--training.global_batch_size", "8"],
+        ),
         "cp2": (one, one + ["--parallelism.context_parallel_degree", "2"]),
         # The aux loss is per rank (as in HF and Megatron): off, so the layouts train alike.
         "ep2": (
