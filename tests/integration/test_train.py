@@ -40,13 +40,16 @@ def test_loss_falls_and_metrics_written(tmp_path, flavor):
 @pytest.mark.parametrize("flavor", ["debugmodel", "debugmodel_moe"])
 def test_exact_resume_after_exit_at_step(tmp_path, flavor):
     common = ["--model.flavor", flavor, "--training.steps", "6", "--checkpoint.enable"]
+    common += ["--validation.enable", "--validation.dataset_path", "assets/data/debug_corpus.jsonl"]
+    common += ["--validation.freq", "2", "--validation.steps", "2"]
     full = run(tmp_path / "full", *common)
     first = run(tmp_path / "split", *common, "--training.exit_at_step", "3")
     assert [r["step"] for r in first] == [1, 2, 3]
     rest = run(tmp_path / "split", *common)
     assert [r["step"] for r in rest] == [4, 5, 6]
-    assert [r["loss"] for r in first + rest] == [r["loss"] for r in full]
-    assert [r["lr"] for r in first + rest] == [r["lr"] for r in full]
+    for key in ("loss", "lr", "validation_loss"):  # validated at steps 2, 4 and 6
+        assert [r.get(key) for r in first + rest] == [r.get(key) for r in full], key
+    assert sum("validation_loss" in r for r in full) == 3
 
 
 def test_sigterm_saves_and_resumes_exactly(tmp_path, monkeypatch):
