@@ -294,6 +294,11 @@ def validate(config: JobConfig) -> None:
         f"validation.enable = true with training.dataset = {t.dataset!r} needs "
         "validation.dataset_path (held-out data of the same kind)",
     )
+    require(
+        not (t.dataset == "synthetic" and v.dataset_path),
+        f"validation.dataset_path = {v.dataset_path!r} is not read with training.dataset = "
+        "'synthetic' (validation uses a differently seeded stream): remove it",
+    )
     at_least("validation.freq", v.freq, 1, " (validate every n steps)")
     at_least("validation.steps", v.steps, 1, " (micro-batches per validation)")
     require(

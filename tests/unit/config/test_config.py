@@ -104,6 +104,7 @@ EXIT = ["--checkpoint.enable", "true", "--training.steps", "5", "--training.exit
         (["--optimizer.lr", "0"], "optimizer.lr"),
         (["--validation.enable", "true"], "needs validation.dataset_path"),
         (["--validation.freq", "0"], "validation.freq"),
+        (["--training.dataset", "synthetic", "--validation.dataset_path", "x"], "is not read"),
         (["--validation.steps", "0"], "validation.steps"),
         (["--validation.local_batch_size", "0"], "validation.local_batch_size"),
         (LORA + ["--lora.rank", "0"], "lora.rank"),
