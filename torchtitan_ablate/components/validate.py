@@ -82,6 +82,9 @@ class Validator:
         pd = self.parallel_dims
         # Validation routing must not count towards the expert-load metrics of the log window.
         saved_load = [moe.tokens_per_expert.clone() for moe in model.moe_layers()]
+        # Eval mode: LoRA dropout off, so the figure is deterministic and no RNG is drawn.
+        was_training = model.training
+        model.eval()
         loss_sum = torch.zeros((), device=self.device)
         tokens = torch.zeros((), device=self.device)
         for batch in self._micro_batches():
@@ -90,6 +93,7 @@ class Validator:
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
             loss_sum += loss_fn(model, batch).float()
             tokens += num_valid_tokens(batch["labels"])
+        model.train(was_training)
         for moe, load in zip(model.moe_layers(), saved_load, strict=True):
             moe.tokens_per_expert.copy_(load)
         group = pd.mesh("dp_cp").get_group() if pd.dp * pd.cp > 1 else None
