@@ -32,7 +32,7 @@ from torchtitan_ablate.components.trace_profiler import TraceProfiler
 from torchtitan_ablate.components.validate import Validator
 from torchtitan_ablate.config import ConfigError, JobConfig, run_main, write_config
 from torchtitan_ablate.distributed import utils as dist_utils
-from torchtitan_ablate.distributed.context_parallel import cp_shard_batch
+from torchtitan_ablate.distributed.context_parallel import place_micro_batch
 from torchtitan_ablate.distributed.float8 import float8_post_optimizer_step
 from torchtitan_ablate.distributed.fsdp import before_micro_batch
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
@@ -205,7 +205,7 @@ def train_step(
 ) -> dict:
     """One optimizer step over this rank's micro-batches (shared with the memory estimator)."""
     pd = parallel_dims
-    loss_group = pd.mesh("dp_cp").get_group() if pd.dp * pd.cp > 1 else None
+    loss_group = pd.loss_group()
     device = batches[0]["input_ids"].device
     # The loss is a sum over tokens divided by the global valid-token count, so every
     # micro-batch and rank weighs tokens equally whatever the layout.
@@ -354,10 +354,7 @@ class Trainer:
         start = time.perf_counter()
         batches = []
         for _ in range(self.grad_accum):
-            batch = next(data_iter)
-            if self.parallel_dims.cp_enabled:  # this rank's head and tail chunks
-                batch = cp_shard_batch(batch, self.parallel_dims.mesh("cp"))
-            batches.append({k: v.to(self.device, non_blocking=True) for k, v in batch.items()})
+            batches.append(place_micro_batch(next(data_iter), self.parallel_dims, self.device))
         return batches, time.perf_counter() - start
 
     def train_step(self, batches: list[dict]) -> dict:
@@ -418,7 +415,7 @@ class Trainer:
     def _reduce(self, out: dict, lr: float) -> dict:
         """Step outputs as floats averaged over ranks (loss over dp*cp), plus expert load."""
         pd = self.parallel_dims
-        group = pd.mesh("dp_cp").get_group() if pd.dp * pd.cp > 1 else None
+        group = pd.loss_group()
         values = {"loss": dist_utils.all_reduce_sum(out["loss"].clone(), group).item()}
         values["grad_norm"] = float(out["grad_norm"])
         values["lr"] = lr

@@ -18,7 +18,7 @@ from torchtitan_ablate.components.loss import num_valid_tokens
 from torchtitan_ablate.components.tokenizer import Tokenizer
 from torchtitan_ablate.config.job_config import Training, Validation
 from torchtitan_ablate.distributed import utils as dist_utils
-from torchtitan_ablate.distributed.context_parallel import cp_shard_batch
+from torchtitan_ablate.distributed.context_parallel import place_micro_batch
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 
 # A held-out synthetic stream: the training seed plus this, so no row repeats training's.
@@ -88,14 +88,11 @@ class Validator:
         loss_sum = torch.zeros((), device=self.device)
         tokens = torch.zeros((), device=self.device)
         for batch in self._micro_batches():
-            if pd.cp_enabled:  # this rank's head and tail chunks, as in training
-                batch = cp_shard_batch(batch, pd.mesh("cp"))
-            batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            batch = place_micro_batch(batch, pd, self.device)
             loss_sum += loss_fn(model, batch).float()
             tokens += num_valid_tokens(batch["labels"])
         model.train(was_training)
         for moe, load in zip(model.moe_layers(), saved_load, strict=True):
             moe.tokens_per_expert.copy_(load)
-        group = pd.mesh("dp_cp").get_group() if pd.dp * pd.cp > 1 else None
-        totals = dist_utils.all_reduce_sum(torch.stack([loss_sum, tokens]), group)
+        totals = dist_utils.all_reduce_sum(torch.stack([loss_sum, tokens]), pd.loss_group())
         return (totals[0] / totals[1].clamp(min=1)).item()

@@ -34,6 +34,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from torchtitan_ablate.distributed.parallel_dims import ParallelDims
+
 # Batch entries laid out [B, S] along the sequence; anything else passes through unsharded.
 CP_SHARDED_KEYS = ("input_ids", "labels", "positions", "document_ids")
 
@@ -80,6 +82,13 @@ def cp_shard_batch(batch: dict[str, torch.Tensor], cp_mesh: DeviceMesh) -> dict:
         if out.get(key) is not None:
             out[key] = out[key].index_select(1, index_L)
     return out
+
+
+def place_micro_batch(batch: dict, parallel_dims: ParallelDims, device: torch.device) -> dict:
+    """A loader micro-batch as the model takes it: this cp rank's slice, on the device."""
+    if parallel_dims.cp_enabled:
+        batch = cp_shard_batch(batch, parallel_dims.mesh("cp"))
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def cp_unshard(x_BL: torch.Tensor, cp_mesh: DeviceMesh) -> torch.Tensor:

@@ -8,6 +8,7 @@ so an ep group is a block of consecutive ranks inside one dp_shard * cp block.
 
 from dataclasses import dataclass, field
 
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 
@@ -125,6 +126,10 @@ class ParallelDims:
         if name in ("ep", "efsdp") and "experts" in self._meshes:
             return self._meshes["experts"][name]
         raise KeyError(f"no mesh named {name!r}")
+
+    def loss_group(self) -> dist.ProcessGroup | None:
+        """The ranks whose tokens share one loss (dp x cp), or None on a single such rank."""
+        return self.mesh("dp_cp").get_group() if self.dp * self.cp > 1 else None
 
     def dp_rank(self) -> int:
         """This rank's index among the data-parallel ranks (which batch shard it reads)."""

@@ -18,7 +18,7 @@ import torch
 from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler
 from torchtitan_ablate.components.optimizer import build_optimizer
 from torchtitan_ablate.config import JobConfig
-from torchtitan_ablate.distributed.context_parallel import cp_shard_batch
+from torchtitan_ablate.distributed.context_parallel import place_micro_batch
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.memory.tracker import MemoryTracker
 from torchtitan_ablate.models.common.experts import GroupedExperts
@@ -47,9 +47,7 @@ def synthetic_batches(
             "positions": torch.arange(s, device=device).repeat(b, 1),
             "document_ids": torch.zeros(b, s, dtype=torch.int64, device=device),
         }
-        if pd.cp_enabled:
-            batch = cp_shard_batch(batch, pd.mesh("cp"))
-        batches.append(batch)
+        batches.append(place_micro_batch(batch, pd, device))
     return batches
 
 
