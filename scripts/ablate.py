@@ -16,11 +16,10 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from torchtitan_ablate.ablate import AblationError, load_spec
+from torchtitan_ablate.ablate.spec import parse_sets
 
-from torchtitan_ablate.ablate import AblationError, load_spec  # noqa: E402
-from torchtitan_ablate.ablate.spec import parse_sets  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -7,7 +7,9 @@ Times the engine's own train step (same build path as training) and, with --peer
 Hugging Face transformers' model of the same shape in the same process and the same way
 (bf16 autocast over fp32 weights, AdamW, SDPA, same batches; --peer-bf16-weights: pure bf16),
 then prints the ratio.
-Results also go to <job.dump_folder>/bench.json. Run one process per GPU (NGPU=1 here).
+Results also go to <job.dump_folder>/bench.json. Several GPUs (expert / data parallel layouts):
+    torchrun --standalone --nproc_per_node 4 scripts/bench.py --job.config_file ... [--profile]
+(the figures are rank 0's; tokens/s per GPU; the peer runs on one GPU only).
 --profile: after timing, profiles 2 engine steps and prints the GPU time by kernel class
 (matmul, attention, elementwise/fused, copies, optimizer, collectives), the top kernels, and the
 share of the window the GPU sat idle (host-bound time), the operators by own GPU time, and
@@ -28,13 +30,13 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from torchtitan_ablate import train  # noqa: E402
-from torchtitan_ablate.components.metrics import device_peak_tflops  # noqa: E402
-from torchtitan_ablate.components.profiling import busy_us  # noqa: E402
-from torchtitan_ablate.config import JobConfig, exit_on_config_error, load_config  # noqa: E402
-from torchtitan_ablate.distributed import utils as dist_utils  # noqa: E402
+from torchtitan_ablate.build import build_data, build_layout, build_run, check_layout
+from torchtitan_ablate.components.metrics import device_peak_tflops
+from torchtitan_ablate.components.profiling import busy_us
+from torchtitan_ablate.config import JobConfig, exit_on_config_error, load_config
+from torchtitan_ablate.distributed import utils as dist_utils
+from torchtitan_ablate.models.qwen3 import Qwen3ModelArgs
+from torchtitan_ablate.step import next_micro_batches, train_step
 
 
 def _sync(device: torch.device) -> None:
@@ -70,12 +72,20 @@ def _time_steps(step_fn, batches, warmup: int, steps: int, device: torch.device)
 def bench_engine(
     config: JobConfig, warmup: int, steps: int, profile_: bool = False
 ) -> tuple[dict, list]:
-    trainer = train.Trainer(config)
-    data_iter = iter(trainer.dataloader)
-    batches = [trainer.next_batches(data_iter)[0] for _ in range(min(4, warmup + steps))]
-    result = _time_steps(trainer.train_step, batches, warmup, steps, trainer.device)
+    device = dist_utils.pick_device(config.training.device)
+    world_size = dist_utils.init_distributed(device)
+    layout = build_layout(config, world_size, device.type)
+    _, dataloader = build_data(config, layout, device)
+    run = build_run(config, layout, device)
+    data_iter = iter(dataloader)
+    batches = [next_micro_batches(data_iter, run, device) for _ in range(min(4, warmup + steps))]
+
+    def step_fn(micro_batches: list[dict]) -> dict:
+        return train_step(run, micro_batches)
+
+    result = _time_steps(step_fn, batches, warmup, steps, device)
     if profile_:
-        result["profile"] = profile_engine(trainer.train_step, batches, trainer.device)
+        result["profile"] = profile_engine(step_fn, batches, device)
     tokens = sum(b["input_ids"].numel() for b in batches[0])
     result.update(name="torchtitan_ablate", tokens_per_step=tokens)
     return result, batches
@@ -112,18 +122,29 @@ def profile_engine(step_fn, batches, device: torch.device, top: int = 20) -> dic
         _sync(device)
     wall_us = (time.perf_counter() - start) * 1e6
     per_kernel: dict[str, float] = {}
-    intervals = []
+    comm, compute = [], []
     for e in prof.events():
         # GPU-side user annotations (Optimizer.step#..., FSDP::...) span kernels: not counted.
         if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
             per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
-            intervals.append((e.time_range.start, e.time_range.end))
-    busy = busy_us(intervals)
+            interval = (e.time_range.start, e.time_range.end)
+            (comm if _kernel_class(e.name) == "collective" else compute).append(interval)
+    busy = busy_us(comm + compute)
+    # Collective kernels also count the time they wait for the slowest rank; "exposed" is the
+    # part of it that no compute kernel overlaps, the time the step would lose without it.
+    exposed = busy - busy_us(compute)
+    # Idle inside the kernels' own window (first start to last end), so the profiler's start and
+    # stop overhead is not counted as host-bound time.
+    window = max(e for _, e in comm + compute) - min(s for s, _ in comm + compute)
     by_class: dict[str, float] = {}
     for name, us in per_kernel.items():
         by_class[_kernel_class(name)] = by_class.get(_kernel_class(name), 0.0) + us
     total = sum(per_kernel.values()) or 1.0
-    print(f"profile: 2 steps, wall {wall_us / 1e3:.1f} ms, GPU busy {100 * busy / wall_us:.1f}%")
+    print(
+        f"profile: 2 steps, wall {wall_us / 1e3:.1f} ms, GPU busy {100 * busy / wall_us:.1f}%, "
+        f"exposed collectives {exposed / 2e3:.1f} ms / step, "
+        f"GPU idle {(window - busy) / 2e3:.1f} ms / step"
+    )
     print("| kernel class | ms / step | share of GPU time |")
     print("|---|---|---|")
     for cls, us in sorted(by_class.items(), key=lambda kv: -kv[1]):
@@ -146,6 +167,7 @@ def profile_engine(step_fn, batches, device: torch.device, top: int = 20) -> dic
     return {
         "wall_ms_per_step": wall_us / 2e3,
         "gpu_busy_frac": busy / wall_us,
+        "exposed_collectives_ms_per_step": exposed / 2e3,
         "ms_per_step_by_class": {k: v / 2e3 for k, v in by_class.items()},
     }
 
@@ -175,6 +197,7 @@ def _print_sync_sites(step_fn, batch) -> None:
 
 def bench_hf(
     config: JobConfig,
+    model_args: Qwen3ModelArgs,
     batches: list,
     warmup: int,
     steps: int,
@@ -187,7 +210,6 @@ def bench_hf(
     for fp32 weights under torch.compile); AdamW, SDPA."""
     import transformers
 
-    model_args = train.build_model_args(config)
     hf_config = model_args.to_hf_config()
     device = batches[0][0]["input_ids"].device
     moe = model_args.num_experts > 0
@@ -249,19 +271,31 @@ def main(argv: list[str]) -> list[dict]:
     if args.peer == "hf" and importlib.util.find_spec("transformers") is None:
         print("bench: --peer hf needs transformers: pip install transformers", file=sys.stderr)
         raise SystemExit(2)
+    if int(os.environ.get("RANK", 0)) != 0:  # under torchrun rank 0 prints the tables
+        sys.stdout = open(os.devnull, "w")
     with exit_on_config_error():
         config = load_config(rest)
         engine, batches = bench_engine(config, args.warmup, args.steps, args.profile)
     device = batches[0][0]["input_ids"].device
-    flops = train.build_model_args(config).num_flops_per_token(config.training.seq_len)
+    world_size = torch.distributed.get_world_size()
+    model_args = check_layout(config, world_size).model_args
+    flops = model_args.num_flops_per_token(config.training.seq_len)
     peak = device_peak_tflops(device, config.metrics.peak_tflops)
     rows = [_row(engine, flops, peak)]
-    if args.peer == "hf":
+    if args.peer == "hf" and world_size > 1:
+        print("bench: --peer hf runs on one GPU (no torchrun); skipped", file=sys.stderr)
+    elif args.peer == "hf":
         gc.collect()  # the engine's model and optimizer state go before the peer is built
         if device.type == "cuda":
             torch.cuda.empty_cache()
         hf = bench_hf(
-            config, batches, args.warmup, args.steps, args.peer_compile, args.peer_bf16_weights
+            config,
+            model_args,
+            batches,
+            args.warmup,
+            args.steps,
+            args.peer_compile,
+            args.peer_bf16_weights,
         )
         if hf is not None:
             rows.append(_row(hf, flops, peak))

@@ -9,17 +9,13 @@ Needs CUDA.
 """
 
 import argparse
-import os
-import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from torchtitan_ablate.models.common import attention as attn  # noqa: E402
-from torchtitan_ablate.models.qwen3.args import qwen3_flavors  # noqa: E402
+from torchtitan_ablate.models.common import attention as attn
+from torchtitan_ablate.models.qwen3.args import qwen3_flavors
 
 
 def _sdpa_backend(backend: SDPBackend, repeat_kv: bool, contiguous: bool):

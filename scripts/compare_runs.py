@@ -14,10 +14,7 @@ import math
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # runnable from a fresh clone without installing the package
-
-from torchtitan_ablate.components.metrics_file import read_metrics_rows  # noqa: E402
+from torchtitan_ablate.components.metrics_file import read_metrics_rows
 
 
 class MetricsError(ValueError):

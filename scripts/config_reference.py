@@ -1,14 +1,27 @@
-"""Writes docs/config_reference.md from the JobConfig field docstrings."""
+"""Write docs/config_reference.md (every config key with its type, default and meaning) from the
+JobConfig field docstrings.
 
-import os
-import sys
+    python scripts/config_reference.py [OUT.md]
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+Run it after changing a field of torchtitan_ablate/config/job_config.py; a test fails while the
+shipped page is out of date.
+"""
 
-from torchtitan_ablate.config.reference import render_markdown  # noqa: E402
+import argparse
+
+from torchtitan_ablate.config.reference import render_markdown
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("out", nargs="?", default="docs/config_reference.md", help="output file")
+    args = parser.parse_args(argv)
+    with open(args.out, "w") as f:
+        f.write(render_markdown() + "\n")
+    print(f"wrote {args.out}")
+
 
 if __name__ == "__main__":
-    path = sys.argv[1] if len(sys.argv) > 1 else "docs/config_reference.md"
-    with open(path, "w") as f:
-        f.write(render_markdown() + "\n")
-    print(f"wrote {path}")
+    main()

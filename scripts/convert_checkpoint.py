@@ -31,21 +31,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import tomllib
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # runnable from a fresh clone without installing the package
-
-import torch  # noqa: E402
-import torch.distributed.checkpoint as dcp  # noqa: E402
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata  # noqa: E402
-
-from torchtitan_ablate.components.hf_checkpoint import (  # noqa: E402
+from torchtitan_ablate.components.hf_checkpoint import (
     SafetensorsFolder,
     hf_model_args,
     save_hf_checkpoint,
 )
-from torchtitan_ablate.models.common.lora import merge_lora_state_dict  # noqa: E402
-from torchtitan_ablate.models.qwen3 import (  # noqa: E402
+from torchtitan_ablate.models.common.lora import merge_lora_state_dict
+from torchtitan_ablate.models.qwen3 import (
     Qwen3ModelArgs,
     Qwen3StateDictAdapter,
     qwen3_flavors,

@@ -18,9 +18,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run without installing
-
-from torchtitan_ablate.components.tokenizer import (  # noqa: E402
+from torchtitan_ablate.components.tokenizer import (
     QWEN_PATTERN,
     TIKTOKEN_SPECIALS,
     hf_tokenizer_json_to_ranks,

@@ -27,15 +27,13 @@ from pathlib import Path
 
 import regex
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a fresh clone without installing the package
-
-from torchtitan_ablate.components.tokenizer import (  # noqa: E402
+from torchtitan_ablate.components.tokenizer import (
     QWEN_PATTERN,
     TIKTOKEN_SPECIALS,
     save_tiktoken_ranks,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 NUM_DOCS = 650
 VOCAB_SIZE = 2000  # including the special tokens
 

@@ -12,10 +12,7 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # runnable from a fresh clone without installing the package
-
-from torchtitan_ablate.components.metrics_file import read_metrics_rows  # noqa: E402
+from torchtitan_ablate.components.metrics_file import read_metrics_rows
 
 KEYS = ("step", "loss", "tps", "tflops", "mfu", "memory_max_active_gib", "memory_max_reserved_gib")
 

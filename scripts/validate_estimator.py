@@ -11,15 +11,12 @@ Each config is a TOML path followed by optional --section.key value overrides, i
 """
 
 import argparse
-import os
 import shlex
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from torchtitan_ablate.config import load_config  # noqa: E402
+from torchtitan_ablate.config import load_config
 from torchtitan_ablate.memory import estimate
 from torchtitan_ablate.memory.validate import measure_cpu, measure_cuda
 

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from torchtitan_ablate import train
+from torchtitan_ablate import build, train
 from torchtitan_ablate.components import data as data_mod
 from torchtitan_ablate.config import load_config
 
@@ -68,7 +68,7 @@ def build_trainer(dump_folder: str, args: list[str]) -> train.Trainer:
 
 def train_layout(dump_folder: str, args: list[str]) -> dict:
     """Runs on every rank; returns losses and (rank 0) the full fp32 parameters."""
-    train.build_dataloader = _build_global_slicing_loader
+    build.build_dataloader = _build_global_slicing_loader
     trainer = build_trainer(dump_folder, args)
     trainer.dataloader.batches_done = lambda: trainer.step * trainer.grad_accum
     records = trainer.train()

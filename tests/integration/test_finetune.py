@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from tests.dist_utils import run_distributed
 from tests.integration import parallel_harness as harness
 from tests.unit.components.test_hf_checkpoint import make_hf
-from torchtitan_ablate import train
+from torchtitan_ablate import build, train
 from torchtitan_ablate.components.data.packing import IGNORE_INDEX
 from torchtitan_ablate.components.data.sft import ChatRenderer
 from torchtitan_ablate.components.tokenizer import build_tokenizer
@@ -159,7 +159,7 @@ def _lora_layout(dump: str, args: list[str]) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    train.build_dataloader = harness._build_global_slicing_loader
+    build.build_dataloader = harness._build_global_slicing_loader
     trainer = train.Trainer(load_config(harness.BASE + ["--job.dump_folder", dump] + args))
     trainer.dataloader.batches_done = lambda: trainer.step * trainer.grad_accum
     trainer.checkpointer.load()

@@ -35,8 +35,8 @@ def _train_counting_gathers(
         debug = qwen3_flavors["debugmodel"]
         qwen3_flavors["debugmodel"] = replace(debug, tie_embeddings=False)
     trainer = build_trainer(dump_folder, args)
-    if hasattr(trainer.model, "fsdp_accumulation"):  # one fp32 CPU rank runs without FSDP
-        trainer.model.fsdp_accumulation.gather_once &= gather_once
+    if trainer.run.accumulation is not None:  # one fp32 CPU rank runs without FSDP
+        trainer.run.accumulation.gather_once &= gather_once
     calls = []
     # FSDP2 looks its collective up at call time: all_gather_single on torch 2.13,
     # all_gather_into_tensor before.
@@ -82,8 +82,8 @@ def _train_counting_reduces(
     dump_folder: str, args: list[str], sync_once: bool, own_comm: bool = True
 ) -> dict:
     trainer = build_trainer(dump_folder, args)
-    assert trainer.model.fsdp_accumulation.sync_grads_once  # on by itself on one rank
-    trainer.model.fsdp_accumulation.sync_grads_once = sync_once
+    assert trainer.run.accumulation.sync_grads_once  # on by itself on one rank
+    trainer.run.accumulation.sync_grads_once = sync_once
     for module in trainer.model.modules():
         if isinstance(module, FSDPModule):
             (group,) = module._get_fsdp_state()._fsdp_param_groups

@@ -4,8 +4,6 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from torchtitan_ablate.ablate import report
-
 
 def _num(value: Any, fmt: str = ".2f") -> str:
     return "n/a" if value is None else format(value, fmt)
@@ -60,7 +58,8 @@ def results_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def render(plan: dict, rows: list[dict], plots: list[str], out: Path) -> str:
+def render(plan: dict, rows: list[dict], plots: list[str], out: Path, noise: str) -> str:
+    """report.md; noise: how the verdicts define noise (report.py says it once)."""
     spec, env = plan["spec"], plan["environment"]
     lines = [f"# Ablation: {spec['name']}", ""]
     if spec["description"]:
@@ -79,7 +78,7 @@ def render(plan: dict, rows: list[dict], plots: list[str], out: Path) -> str:
         "",
         *[f"- {r['verdict']}" for r in rows],
         "",
-        "Noise: " + " ".join(report.__doc__.split("\n\n")[1].split()),
+        "Noise: " + noise,
         "",
         "Predicted GiB is the memory estimator's peak for the eager program (estimation.py); "
         "where compile.enable is on, the measured peak is lower because the compiled blocks "

@@ -51,9 +51,10 @@ def predict_memory(config: JobConfig, ngpu: int) -> dict[str, Any]:
 
 def check_layout(config: JobConfig, ngpu: int) -> dict[str, Any]:
     """The checks the trainer makes before building anything: mesh, model, batch."""
-    from torchtitan_ablate.train import check_layout
+    from torchtitan_ablate.build import check_layout as build_check_layout
 
-    pd, args, grad_accum = check_layout(config, ngpu)
+    layout = build_check_layout(config, ngpu)
+    pd, grad_accum = layout.parallel_dims, layout.grad_accum
     global_batch = config.training.local_batch_size * pd.dp * grad_accum
     return {
         "flavor": config.model.flavor,

@@ -11,148 +11,43 @@ A save writes `step-<N>.tmp/` and rank 0 renames it to `step-<N>/` only after DC
 `.metadata` on every rank, so a crash mid-save never leaves a `step-<N>` that resume would pick.
 Only `step-<N>` directories holding `.metadata` count as checkpoints. checkpoint_folder.py holds
 the on-disk layout and its crash-safe changes (re-saves, crash recovery at start, pruning, setting
-aside the steps newer than an explicit `load_step`).
+aside the steps newer than an explicit `load_step`); checkpoint_state.py gives each part of the
+state its DCP form (the Stateful wrappers) and wraps DCP's save and load, sorting load failures
+into damage and mismatch.
 """
 
 import logging
 import os
-import pickle
-import random
 import re
 import shutil
 import time
-import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.distributed.checkpoint.stateful import Stateful
 
 from torchtitan_ablate.components import checkpoint_folder as ckpt_dir
+from torchtitan_ablate.components.checkpoint_state import (
+    Damaged,
+    Mismatch,
+    ModelWrapper,
+    OptimizerWrapper,
+    Pickled,
+    RNGState,
+    SchedulerList,
+    check_keys,
+    dcp_load,
+    dcp_save,
+    saved_keys,
+)
 from torchtitan_ablate.components.hf_checkpoint import load_hf_weights
 from torchtitan_ablate.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
-_METADATA = ckpt_dir.METADATA
 _RESERVED = ("optimizer", "lr_scheduler", "step", "dataloader", "rng")
-# Optimizer state keyed by parameter FQN, so it reshards like the model does.
-_OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
-
-
-@dataclass
-class TrainState(Stateful):
-    """Counters the trainer may register as an extra state (`states={"train_state": ...}`)."""
-
-    step: int = 0
-    tokens_seen: int = 0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "tokens_seen": self.tokens_seen}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.step = int(state_dict["step"])
-        self.tokens_seen = int(state_dict["tokens_seen"])
-
-
-class ModelWrapper(Stateful):
-    """All model parts as one FQN-keyed state dict (DTensor shards under FSDP2, else tensors)."""
-
-    def __init__(self, model_parts: list[nn.Module]) -> None:
-        self.model_parts = model_parts
-
-    def state_dict(self) -> dict[str, Any]:
-        return {k: v for part in self.model_parts for k, v in get_model_state_dict(part).items()}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        for part in self.model_parts:
-            own = {k: state_dict[k] for k in get_model_state_dict(part)}
-            set_model_state_dict(part, own)
-
-
-class OptimizerWrapper(Stateful):
-    """One optimizer per model part, merged into one flat state dict keyed by parameter FQN."""
-
-    def __init__(self, model_parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]):
-        if len(model_parts) != len(optimizers):
-            raise ValueError(
-                f"need one optimizer per model part, got {len(optimizers)} optimizers "
-                f"for {len(model_parts)} model parts"
-            )
-        self.pairs = list(zip(model_parts, optimizers))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            k: v
-            for model, optim in self.pairs
-            for k, v in get_optimizer_state_dict(model, optim, options=_OPTIM_OPTIONS).items()
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        for model, optim in self.pairs:
-            own = get_optimizer_state_dict(model, optim, options=_OPTIM_OPTIONS).keys()
-            set_optimizer_state_dict(
-                model, optim, {k: state_dict[k] for k in own}, options=_OPTIM_OPTIONS
-            )
-
-
-class RNGState:
-    """This process's RNG streams: Python, torch CPU and (when present) the current CUDA device."""
-
-    def state_dict(self) -> dict[str, Any]:
-        state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            state["cuda"] = torch.cuda.get_rng_state()
-        return state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        random.setstate(state_dict["python"])
-        torch.set_rng_state(state_dict["torch"])
-        if "cuda" in state_dict and torch.cuda.is_available():
-            torch.cuda.set_rng_state(state_dict["cuda"])
-
-
-class _Pickled(Stateful):
-    """Stores an object's state as one opaque blob.
-
-    DCP would otherwise flatten the nested dict and, on load, demand exactly the keys of the live
-    object's current state, whose shape can differ (a fresh loader vs one mid-epoch, a newer torch).
-    """
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"pickle": pickle.dumps(self.obj.state_dict())}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.obj.load_state_dict(pickle.loads(state_dict["pickle"]))
-
-
-class _SchedulerList:
-    def __init__(self, schedulers: list) -> None:
-        self.schedulers = schedulers
-
-    def state_dict(self) -> list[dict[str, Any]]:
-        return [s.state_dict() for s in self.schedulers]
-
-    def load_state_dict(self, states: list[dict[str, Any]]) -> None:
-        if len(states) != len(self.schedulers):
-            raise ConfigError(
-                f"checkpoint has {len(states)} LR schedulers, run has {len(self.schedulers)}"
-            )
-        for sched, state in zip(self.schedulers, states):
-            sched.load_state_dict(state)
 
 
 class CheckpointManager:
@@ -207,7 +102,7 @@ class CheckpointManager:
         self.training_steps = training_steps
         self.model = ModelWrapper(model_parts)
         self.optimizer = OptimizerWrapper(model_parts, optimizers)
-        self.lr_schedulers = _Pickled(_SchedulerList(lr_schedulers))
+        self.lr_schedulers = Pickled(SchedulerList(lr_schedulers))
         self.dataloader = dataloader
         self.dataloader_state_shared = dataloader_state_shared
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -229,7 +124,7 @@ class CheckpointManager:
         _barrier()  # no rank may write into tmp before rank 0 has cleared it
         t0 = time.perf_counter()
         state = {**self.model.state_dict(), **self._states(step, for_load=False)}
-        _dcp_save(state, tmp)
+        dcp_save(state, tmp)
         _barrier()  # every rank's files and the .metadata are in tmp
         if self.rank == 0:
             ckpt_dir.replace(tmp, final)
@@ -261,7 +156,7 @@ class CheckpointManager:
                     logger.info(f"resuming from {path}: initial_load_path is not used")
                 try:
                     self._load_full(path, step)
-                except _Damaged as e:
+                except Damaged as e:
                     others = [s for s in steps if s != step]
                     raise ConfigError(
                         f"{e}; delete {path}"
@@ -271,7 +166,7 @@ class CheckpointManager:
                             else " to start afresh (there is no other complete step)"
                         )
                     ) from e
-                except _Mismatch as e:
+                except Mismatch as e:
                     raise ConfigError(
                         f"{e}; resume with the config that wrote it, or use another job.dump_folder"
                     ) from e
@@ -318,11 +213,11 @@ class CheckpointManager:
         if self.initial_load_format == "hf":
             load_hf_weights(model_sd, self.initial_load_path)
         else:
-            keys = _saved_keys(self.initial_load_path)
+            keys = saved_keys(self.initial_load_path)
             # LoRA adapters absent from a base checkpoint keep their initial values.
             to_load = {k: v for k, v in model_sd.items() if k in keys or ".lora_" not in k}
-            _check_keys(self.initial_load_path, to_load, keys)
-            _dcp_load(to_load, self.initial_load_path)
+            check_keys(self.initial_load_path, to_load, keys)
+            dcp_load(to_load, self.initial_load_path)
         self.model.load_state_dict(model_sd)
         logger.info(
             f"loaded model weights from {self.initial_load_path} ({self.initial_load_format})"
@@ -338,15 +233,15 @@ class CheckpointManager:
             **self.states,
         }
         if not for_load or saved_ranks == set(range(self.world_size)):
-            states[f"rng.rank{self.rank}"] = _Pickled(RNGState())
+            states[f"rng.rank{self.rank}"] = Pickled(RNGState())
             if self.dataloader is not None:
-                states[f"dataloader.rank{self.rank}"] = _Pickled(self.dataloader)
+                states[f"dataloader.rank{self.rank}"] = Pickled(self.dataloader)
         elif self.dataloader is not None and self.dataloader_state_shared:
-            states["dataloader.rank0"] = _Pickled(self.dataloader)
+            states["dataloader.rank0"] = Pickled(self.dataloader)
         return states
 
     def _load_full(self, path: str, step: int) -> None:
-        keys = _saved_keys(path)
+        keys = saved_keys(path)
         saved_ranks = {int(m.group(1)) for k in keys if (m := re.match(r"rng\.rank(\d+)\.", k))}
         state = {**self.model.state_dict(), **self._states(step, True, saved_ranks)}
         if "dataloader.rank0" in state and f"rng.rank{self.rank}" not in state:
@@ -363,7 +258,7 @@ class CheckpointManager:
         elif self.dataloader is not None and f"dataloader.rank{self.rank}.pickle" not in keys:
             state.pop(f"dataloader.rank{self.rank}", None)
             logger.warning(f"checkpoint {path} has no data loader state: data restarts")
-        _check_keys(path, state, keys)
+        check_keys(path, state, keys)
         # A smaller model would load silently from a bigger one's checkpoint: refuse it. Other
         # ranks' (or a skipped) data loader and RNG entries are expected to be left unread.
         extra = [
@@ -373,11 +268,11 @@ class CheckpointManager:
             and not any(".".join(k.split(".")[:i]) in state for i in range(1, k.count(".") + 2))
         ]
         if extra:
-            raise _Mismatch(
+            raise Mismatch(
                 f"checkpoint {path} holds {len(extra)} model entries this run lacks (saved by "
                 f"another model or config?): {sorted(extra)[:8]}"
             )
-        _dcp_load(state, path)
+        dcp_load(state, path)
         if state["step"] != step:
             raise ConfigError(
                 f"checkpoint {path} holds step {state['step']}, not {step} (was it renamed?)"
@@ -389,70 +284,3 @@ class CheckpointManager:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-def _dcp_save(state: dict[str, Any], path: str) -> None:
-    with warnings.catch_warnings():  # single-process (no process group) is intended, not a slip
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save(state, checkpoint_id=path, no_dist=not dist.is_initialized())
-
-
-class _Damaged(ConfigError):
-    """A checkpoint's files are missing, cut short or unreadable."""
-
-
-class _Mismatch(ConfigError):
-    """A checkpoint that does not fit this run's model or states."""
-
-
-def _dcp_load(state: dict[str, Any], path: str) -> None:
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        try:
-            dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
-        # DCP gathers every rank's failure into a CheckpointException, a BaseException, raised
-        # on every rank alike.
-        except (Exception, dcp.CheckpointException) as e:
-            cause, where = _cause(e)
-            # DCP's planner reports shape and key mismatches as ValueError / KeyError; anything
-            # else (a missing file, a cut-off pickle or zip) is damage to the files.
-            kind = _Mismatch if isinstance(cause, (ValueError, KeyError)) else _Damaged
-            raise kind(f"cannot load checkpoint {path}: {_one_line(cause)}{where}") from e
-
-
-def _cause(e: BaseException) -> tuple[BaseException, str]:
-    """The first rank's underlying error and where (DCP's own message is a multi-rank trace).
-    An interrupt that DCP wrapped is raised as it is: it is not the checkpoint's fault."""
-    if isinstance(e, dcp.CheckpointException) and e.failures:
-        rank, (cause, _) = min(e.failures.items())
-        if not isinstance(cause, Exception):
-            raise cause
-        return cause, f" (rank {rank})"
-    return e, ""
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(f"{type(e).__name__}: {e}".split())
-    return text if len(text) <= 300 else f"{text[:300]}..."
-
-
-def _saved_keys(path: str) -> set[str]:
-    """The flattened keys a complete DCP checkpoint holds; ConfigError if it is not one."""
-    if not os.path.isfile(os.path.join(path, _METADATA)):
-        found = sorted(os.listdir(path))[:10] if os.path.isdir(path) else "nothing"
-        raise _Damaged(f"{path} is not a complete DCP checkpoint: no {_METADATA} (found {found})")
-    try:
-        metadata = dcp.FileSystemReader(path).read_metadata()
-    except Exception as e:
-        raise _Damaged(f"cannot read {path}/{_METADATA}: {_one_line(e)}") from e
-    return set(metadata.state_dict_metadata)
-
-
-def _check_keys(path: str, state: dict[str, Any], keys: set[str]) -> None:
-    """Names what a checkpoint lacks up front (DCP would stop at the first missing key)."""
-    missing = [k for k in state if k not in keys and not any(s.startswith(f"{k}.") for s in keys)]
-    if missing:
-        raise _Mismatch(
-            f"checkpoint {path} lacks {len(missing)} entries this run needs (saved by another "
-            f"model or config?): {sorted(missing)[:8]}"
-        )

@@ -31,6 +31,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from torchtitan_ablate.config import ConfigError
 from torchtitan_ablate.models.qwen3.args import Qwen3ModelArgs
+from torchtitan_ablate.models.qwen3.sizes import hf_model_args, read_hf_config
 from torchtitan_ablate.models.qwen3.state_dict_adapter import (
     _BLOCK_KEYS,
     _DENSE_KEYS,
@@ -51,27 +52,6 @@ SIDE_FILES = (
     "generation_config.json",
 )
 Region = tuple[slice, ...]
-
-
-def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
-    """The config.json of an HF folder (or of a DCP folder written by convert_checkpoint)."""
-    config = Path(path) / "config.json"
-    if not Path(path).is_dir():
-        raise ValueError(f"{path}: no such folder (expected one holding config.json)")
-    if not config.is_file():
-        raise ValueError(f"{path} holds no config.json (needed for HF weights / flavor 'auto')")
-    try:
-        data = json.loads(config.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{config} is not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{config} holds a JSON {type(data).__name__}, not an object")
-    return data
-
-
-def hf_model_args(path: str | os.PathLike, **overrides: Any) -> Qwen3ModelArgs:
-    """Model sizes from an HF folder's config.json (model.flavor = "auto")."""
-    return Qwen3ModelArgs.from_hf_config(read_hf_config(path), **overrides)
 
 
 class SafetensorsFolder:

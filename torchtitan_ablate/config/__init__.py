@@ -1,6 +1,6 @@
+from torchtitan_ablate.config.errors import ConfigError
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.config.manager import (
-    ConfigError,
     exit_on_config_error,
     load_config,
     run_main,

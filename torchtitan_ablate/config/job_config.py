@@ -37,7 +37,7 @@ class Model:
 
     attn_backend: Literal["auto", "sdpa", "flex", "varlen", "flash"] = "auto"
     """Attention kernel. auto: flex on CUDA (fastest measured in training,
-    docs/performance_sessions_1-2.md), sdpa elsewhere. flex and varlen honour packed-document
+    docs/performance.md), sdpa elsewhere. flex and varlen honour packed-document
     boundaries without a dense mask; flash needs the flash-attn package. With
     context_parallel_degree > 1 only auto is accepted: context parallel runs its own attention
     (compiled flex on CUDA, SDPA with a dense mask on CPU)."""
@@ -104,7 +104,7 @@ class Training:
     """Tokens per chunk of the fused output-projection + cross-entropy (no [B, S, V] logits
     for the whole batch; same value and gradients). The default: on one H100, Qwen3-0.6B at
     batch 8 x 4096 peaks at 54 instead of 65 GiB at the same tokens/s
-    (docs/performance_sessions_1-2.md). 0 = plain loss on full logits."""
+    (docs/performance.md). 0 = plain loss on full logits."""
 
     mixed_precision_param: Literal["bfloat16", "float32"] = "bfloat16"
     """Parameter/compute dtype on GPU. CPU runs use float32 unless cpu_mixed_precision."""
@@ -291,6 +291,15 @@ class Checkpoint:
     initial_load_format: Literal["dcp", "hf"] = "dcp"
     """Format of initial_load_path: dcp (model-only or full DCP checkpoint) or hf (Hugging Face
     Qwen3 / Qwen3-MoE safetensors, read shard by shard straight into the sharded model)."""
+
+
+# lora.target_modules: HF projection name -> the module it adapts inside a transformer block
+# (models/common/lora.py); "experts" is every routed expert's gate/up/down, per expert.
+LORA_TARGETS = {
+    "q_proj": "attention.wq", "k_proj": "attention.wk", "v_proj": "attention.wv",
+    "o_proj": "attention.wo", "gate_proj": "feed_forward.w1", "up_proj": "feed_forward.w3",
+    "down_proj": "feed_forward.w2", "experts": "moe.experts",
+}  # fmt: skip
 
 
 @dataclass

@@ -68,11 +68,8 @@ def cp_shard_batch(batch: dict[str, torch.Tensor], cp_mesh: DeviceMesh) -> dict:
     """
     cp_size, cp_rank = cp_mesh.size(), cp_mesh.get_local_rank()
     batch_size, seq_len = batch["input_ids"].shape[:2]
-    if seq_len % (2 * cp_size):
-        raise ValueError(
-            f"seq_len = {seq_len} must be divisible by 2 * context_parallel_degree = "
-            f"{2 * cp_size} (head-tail load balancing splits it into 2 * cp chunks)"
-        )
+    # ParallelDims.check_model rejected a training.seq_len that 2 * cp does not divide.
+    assert seq_len % (2 * cp_size) == 0, f"seq_len {seq_len} vs 2 * cp = {2 * cp_size}"
     out = dict(batch)
     if out.get("positions") is None:
         device = batch["input_ids"].device

@@ -38,7 +38,6 @@ logger = logging.getLogger("torchtitan_ablate")
 # torchao is ABI-stable from 0.17 and 0.18 supports torch >= 2.11, so one version serves the
 # GPU box (torch 2.11) and the CPU machines (torch 2.13); 0.17 has the same API.
 TORCHAO_VERSION = "0.18.0"
-RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao's Float8LinearRecipeName
 ALIGN = 16  # float8 GEMMs need every operand dimension to be a multiple of 16
 MIN_CAPABILITY = (8, 9)  # Ada / Hopper: the first GPUs with float8 tensor cores
 MIN_CAPABILITY_MOE = (9, 0)  # torch._scaled_grouped_mm is built for Hopper and newer
@@ -47,9 +46,12 @@ MIN_CAPABILITY_MOE = (9, 0)  # torch._scaled_grouped_mm is built for Hopper and 
 def apply_float8(model: nn.Module, config: Float8, device_type: str, fsdp_enabled: bool) -> None:
     """Convert `model` in place for float8 training; the caller checks `config.enable`.
 
+    `config` comes from load_config, which checked the recipe rules (config/validation.py); the
+    device rules are checked here, where the device is known.
     fsdp_enabled: whether FSDP2 will shard the model; float8 all-gather only matters then.
     """
-    _check_config(config)
+    # torchao asserts the all-gather rule itself; experts would silently mix scalings.
+    assert not config.moe or config.recipe == "rowwise", "float8.moe takes the rowwise recipe"
     _check_device(device_type, config.moe)
     _import_torchao(device_type)
     from torchao.float8 import convert_to_float8_training
@@ -92,21 +94,6 @@ def float8_post_optimizer_step(model: nn.Module) -> None:
         for m in model.modules()
     ):
         precompute_float8_dynamic_scale_for_fsdp(model)
-
-
-def _check_config(config: Float8) -> None:
-    if config.recipe not in RECIPES:
-        raise ConfigError(f"float8.recipe = {config.recipe!r}: use one of {', '.join(RECIPES)}")
-    if config.enable_fsdp_float8_all_gather and config.recipe != "tensorwise":
-        raise ConfigError(
-            f"float8.enable_fsdp_float8_all_gather = true needs float8.recipe = 'tensorwise' "
-            f"(got {config.recipe!r}): rowwise scales cannot be computed before the all-gather"
-        )
-    if config.moe and config.recipe != "rowwise":
-        raise ConfigError(
-            f"float8.moe = true needs float8.recipe = 'rowwise' (got {config.recipe!r}): "
-            "torchao's float8 grouped GEMM for experts is rowwise only"
-        )
 
 
 def _import_torchao(device_type: str) -> None:

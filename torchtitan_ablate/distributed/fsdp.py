@@ -18,8 +18,8 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-# FSDP2's pluggable-collective interface (torch >= 2.9; not re-exported publicly).
-from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+# FSDP2's pluggable-collective interfaces (torch >= 2.9; not re-exported publicly).
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 logger = logging.getLogger("torchtitan_ablate")
 
@@ -36,7 +36,7 @@ def reshard_policy(mode: str, is_last_block: bool) -> bool:
 
 @dataclass
 class AccumulationPlan:
-    """What FSDP does between the micro-batches of one optimizer step (set by apply_fsdp)."""
+    """What FSDP does between the micro-batches of one optimizer step (made by apply_fsdp)."""
 
     gather_once: bool = False
     """Keep the gathered weights until the last backward (ZeRO-2 mode)."""
@@ -44,9 +44,11 @@ class AccumulationPlan:
     """Accumulate unsharded gradients and reduce them after the last backward (one rank)."""
 
 
-def before_micro_batch(model: nn.Module, index: int, count: int) -> None:
-    """Tell FSDP whether micro-batch `index` of `count` is the step's last (no-op without FSDP)."""
-    plan = getattr(model, "fsdp_accumulation", None)
+def before_micro_batch(
+    model: nn.Module, plan: AccumulationPlan | None, index: int, count: int
+) -> None:
+    """Tell FSDP whether micro-batch `index` of `count` is the step's last (no-op without FSDP:
+    plan None)."""
     if plan is None or count == 1:
         return
     last = index == count - 1
@@ -65,8 +67,9 @@ def apply_fsdp(
     reshard_after_forward: str,
     cpu_offload: bool = False,
     experts_mesh: DeviceMesh | None = None,
-) -> None:
-    """Shards model in place. experts_mesh: the ranks left after EP for routed experts."""
+) -> AccumulationPlan:
+    """Shards model in place. experts_mesh: the ranks left after EP for routed experts.
+    Returns what `before_micro_batch` must tell FSDP between the micro-batches of a step."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     kwargs = dict(
         mesh=dp_mesh,
@@ -88,10 +91,14 @@ def apply_fsdp(
             fully_shard(
                 moe.experts, **{**kwargs, "mesh": experts_mesh}, reshard_after_forward=reshard
             )
+            if _shard_size(experts_mesh) == 1:
+                moe.experts.set_custom_all_gather(OneRankAllGather())
         fully_shard(block, reshard_after_forward=reshard, **kwargs)
     if not tied:
         fully_shard([model.norm, model.output], reshard_after_forward=False, **kwargs)
     fully_shard(model, reshard_after_forward=False, **kwargs)
+    if experts_mesh is not None:
+        _prefetch_explicitly(model, blocks, tied)
     # "never" holds every block's gathered weights at the end of each forward anyway, so keeping
     # them across the micro-batches of a step costs no peak memory and saves the re-gathers.
     # On one rank the reduce-scatter is a copy and the unsharded gradients are as large as the
@@ -100,7 +107,7 @@ def apply_fsdp(
     # per micro-batch (~30 ms per 3.2B parameters on an H100). With more ranks it would hold
     # full-size gradients: not done there.
     one_rank = dp_mesh.size() == 1 and (experts_mesh is None or experts_mesh.size() == 1)
-    model.fsdp_accumulation = AccumulationPlan(
+    plan = AccumulationPlan(
         gather_once=reshard_after_forward == "never",
         sync_grads_once=one_rank and reduce_dtype == torch.float32 and not cpu_offload,
     )
@@ -110,7 +117,57 @@ def apply_fsdp(
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
             if one_rank:
+                module.set_custom_all_gather(OneRankAllGather())
                 module.set_custom_reduce_scatter(OneRankReduceScatter())
+    return plan
+
+
+def _prefetch_explicitly(model: nn.Module, blocks: list[nn.Module], tied: bool) -> None:
+    """Each FSDP group starts the next one's all-gather (the previous one's in backward).
+
+    FSDP's implicit prefetch issues a block's all-gather when the CPU reaches that block, which
+    overlaps compute only while the CPU runs ahead of the GPU. Expert parallel's dispatch waits
+    for the GPU once per MoE layer (its split sizes), so the CPU never gets ahead and every
+    all-gather would start late and sit exposed; issued one group early it overlaps the current
+    group's compute, at the cost of holding one more group's gathered weights."""
+
+    def group(block: nn.Module) -> list[nn.Module]:
+        moe = getattr(block, "moe", None)
+        return [block] + ([moe.experts] if moe is not None else [])
+
+    forward = ([] if tied else [model.tok_embeddings]) + blocks
+    for module, nxt in zip(forward, forward[1:]):
+        module.set_modules_to_forward_prefetch(group(nxt))
+    if not tied:
+        blocks[-1].set_modules_to_forward_prefetch([model.norm, model.output])
+        model.output.set_modules_to_backward_prefetch(group(blocks[-1]))
+    for block, prev in zip(reversed(blocks), list(reversed(blocks))[1:]):
+        block.set_modules_to_backward_prefetch(group(prev))
+    if not tied:
+        blocks[0].set_modules_to_backward_prefetch([model.tok_embeddings])
+
+
+def _shard_size(mesh: DeviceMesh) -> int:
+    """Ranks of FSDP's shard group on `mesh` (its last dimension; HSDP's first replicates)."""
+    return mesh.size(mesh.ndim - 1)
+
+
+class OneRankAllGather(AllGather):
+    """FSDP's parameter all-gather over a shard group of one rank: nothing to move.
+
+    FSDP copies (and casts to the compute dtype) each sharded parameter into this rank's slice
+    of the all-gather output before the collective; with one rank that slice is the whole
+    buffer, so the collective would copy the buffer onto itself. NCCL does so with its
+    low-latency protocol: 28 ms per step for the experts of 8 layers of Qwen3-30B-A3B at EP 4
+    on 4 H200s, where each rank holds its experts whole (docs/performance.md)."""
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        if input_tensor.data_ptr() != output_tensor.data_ptr():
+            output_tensor.copy_(input_tensor)  # not FSDP's in-place layout: gather by copying
+        return None
 
 
 class OneRankReduceScatter(ReduceScatter):
@@ -122,7 +179,7 @@ class OneRankReduceScatter(ReduceScatter):
     that stream only. On one GPU near its memory limit (the one-GPU MoE: 12.8 GB of fp32
     gradients) the training stream and FSDP's stream then take turns freeing each other's
     cached blocks: two allocator retries and ~40 cudaFree per step, each a device sync
-    (docs/performance_sessions_3-4.md). Safe: FSDP's stream waits for the training stream before it
+    (docs/performance.md). Safe: FSDP's stream waits for the training stream before it
     writes, and the training stream waits for FSDP's before it reads or frees the grads.
     """
 

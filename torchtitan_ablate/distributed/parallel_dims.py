@@ -53,7 +53,8 @@ class ParallelDims:
             )
 
     def check_model(self, num_experts: int, seq_len: int) -> None:
-        """Constraints that need the model and batch shape."""
+        """Constraints that need the model and batch shape, checked here only: the build path
+        calls this before anything is built, so apply_ep and cp_shard_batch take them as met."""
         if self.ep > 1 and (num_experts == 0 or num_experts % self.ep):
             raise ParallelDimsError(
                 f"expert_parallel_degree = {self.ep} must divide the number of experts "

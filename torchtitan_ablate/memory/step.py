@@ -1,9 +1,9 @@
 """One tracked training step on the trainer's own build path (fake or real tensors alike).
 
-`tracked_step` runs, in the current process group: build_parallel_dims -> check_model ->
-build_meshes -> build_model (meta build, parallelize_qwen3, to_empty, init) -> build_optimizer /
-build_lr_scheduler -> train.train_step on synthetic micro-batches of the configured shape, with
-a MemoryTracker around the step only (so weight init is never counted). The estimator calls it
+`tracked_step` runs, in the current process group, build.build_layout (checks, meshes, seed) ->
+build.build_run (meta build, parallelize_qwen3, to_empty, init, optimizer, schedule, loss) ->
+step.train_step on synthetic micro-batches of the configured shape, with a MemoryTracker around
+the step only (so weight init is never counted). The estimator calls it
 under a fake process group and FakeTensorMode; the validation calls it on real gloo ranks.
 
 Steady state: the optimizer state is created before tracking (one step on zero gradients), so
@@ -15,14 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler
-from torchtitan_ablate.components.optimizer import build_optimizer
+from torchtitan_ablate.build import build_layout, build_run
 from torchtitan_ablate.config import JobConfig
 from torchtitan_ablate.distributed.context_parallel import place_micro_batch
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.memory.tracker import MemoryTracker
 from torchtitan_ablate.models.common.experts import GroupedExperts
-from torchtitan_ablate.train import build_loss_fn, build_model, check_layout, train_step
+from torchtitan_ablate.step import train_step
 
 
 @dataclass
@@ -74,31 +73,26 @@ def tracked_step(
     needs real rank tensors).
     """
     reset_dtensor_rng()
-    pd, model_args, grad_accum = check_layout(config, world_size)
-    pd.build_meshes(device.type)
-    torch.manual_seed(config.training.seed)
-
+    layout = build_layout(config, world_size, device.type)
+    pd = layout.parallel_dims
     with tensor_mode or nullcontext():
-        model = build_model(config, pd, model_args, device)
+        run = build_run(config, layout, device, optimizer_device_type)
+        model = run.model
         if grouped_mm is not None:
             for m in model.modules():
                 if isinstance(m, GroupedExperts):
                     m.force_grouped_mm = grouped_mm
-        optimizer = build_optimizer([model], config.optimizer, optimizer_device_type)
-        lr_scheduler = build_lr_scheduler(optimizer, config.lr_scheduler, config.training.steps)
-        loss_fn = build_loss_fn(config)
-        _create_optimizer_state(model, optimizer)
-
-        batches = synthetic_batches(config, pd, model_args.vocab_size, grad_accum, device)
+        _create_optimizer_state(model, run.optimizer)
+        batches = synthetic_batches(
+            config, pd, layout.model_args.vocab_size, run.grad_accum, device
+        )
         tracker = MemoryTracker(round_bytes)
-        tracker.track_model(model, optimizer)
+        tracker.track_model(model, run.optimizer)
         tracker.track_inputs(batches)
         with tracker:
-            train_step(
-                model, optimizer, lr_scheduler, pd, batches, config.training.max_norm, loss_fn
-            )
+            train_step(run, batches)
     n_params = sum(p.numel() for p in model.parameters())
-    return StepResult(tracker, pd, grad_accum, n_params)
+    return StepResult(tracker, pd, run.grad_accum, n_params)
 
 
 @torch.no_grad()

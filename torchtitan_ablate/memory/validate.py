@@ -92,37 +92,34 @@ def measure_cuda(config: JobConfig, world_size: int = 1) -> list[int]:
 
 def _two_steps_peak(config: JobConfig, world_size: int) -> int:
     """This rank's peak over its second real step (steady state: optimizer state resident)."""
-    from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler
-    from torchtitan_ablate.components.optimizer import build_optimizer
+    from torchtitan_ablate.build import build_layout, build_run
     from torchtitan_ablate.distributed import utils as dist_utils
     from torchtitan_ablate.memory.step import reset_dtensor_rng, synthetic_batches
-    from torchtitan_ablate.train import build_loss_fn, build_model, check_layout, train_step
+    from torchtitan_ablate.step import train_step
 
     cfg = copy.deepcopy(config)
     cfg.compile.enable = False  # the estimate is of the eager program
     device = dist_utils.pick_device("cuda")
     reset_dtensor_rng()
     dist_utils.init_distributed(device)  # a no-op when the rank's group already exists
+    run = batches = None
     try:
-        pd, args, n_micro = check_layout(cfg, world_size)
-        pd.build_meshes("cuda")
-        torch.manual_seed(cfg.training.seed)
-        model = build_model(cfg, pd, args, device)
-        optimizer = build_optimizer([model], cfg.optimizer, "cuda")
-        scheduler = build_lr_scheduler(optimizer, cfg.lr_scheduler, cfg.training.steps)
-        loss_fn = build_loss_fn(cfg)
+        layout = build_layout(cfg, world_size, "cuda")
+        run = build_run(cfg, layout, device)
         for step in range(2):
-            batches = synthetic_batches(cfg, pd, args.vocab_size, n_micro, device)
+            batches = synthetic_batches(
+                cfg, run.parallel_dims, run.model_args.vocab_size, run.grad_accum, device
+            )
             if step == 1:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            train_step(model, optimizer, scheduler, pd, batches, cfg.training.max_norm, loss_fn)
+            train_step(run, batches)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated()
     finally:
         # FSDP's hooks hold reference cycles: collect them, or the next config measured in this
         # process starts with this one's model and optimizer still allocated.
-        model = optimizer = scheduler = batches = None
+        run = batches = None
         gc.collect()
         torch.cuda.empty_cache()
         dist_utils.destroy_distributed()

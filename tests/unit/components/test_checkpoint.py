@@ -22,7 +22,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.dist_utils import run_distributed
 from torchtitan_ablate.components import checkpoint_folder
-from torchtitan_ablate.components.checkpoint import CheckpointManager, TrainState
+from torchtitan_ablate.components.checkpoint import CheckpointManager
+from torchtitan_ablate.components.checkpoint_state import TrainState
 from torchtitan_ablate.config import ConfigError
 
 

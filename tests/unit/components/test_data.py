@@ -11,7 +11,7 @@ import torch
 
 from torchtitan_ablate.components.data import build_dataloader
 from torchtitan_ablate.components.tokenizer import build_tokenizer
-from torchtitan_ablate.config import ConfigError
+from torchtitan_ablate.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[3]
 BYTE = build_tokenizer("byte")  # eos 256, bos 257, pad 258
@@ -294,13 +294,13 @@ def test_worker_error_reaches_the_main_process_as_one_line(tmp_path: Path) -> No
     assert str(err.value).endswith("each line must be one JSON object")
 
 
-def test_bad_config_values(tmp_path: Path) -> None:
+def test_bad_config_values_are_rejected_by_the_loader_of_the_config() -> None:
     with pytest.raises(ConfigError, match="training.dataset = 'hf'"):
-        loader(tmp_path, "hf")
+        load_config(["--training.dataset", "hf"])
     with pytest.raises(ConfigError, match="training.packing = 'best'"):
-        loader(tmp_path, packing="best")
+        load_config(["--training.packing", "best"])
     with pytest.raises(ConfigError, match="training.data_sharding = 'rows' is for text and synth"):
-        loader(tmp_path, "chat", data_sharding="rows")
+        load_config(["--training.dataset", "chat", "--training.data_sharding", "rows"])
 
 
 def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

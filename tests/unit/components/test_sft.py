@@ -9,7 +9,7 @@ import torch
 from torchtitan_ablate.components.data import IGNORE_INDEX, build_dataloader
 from torchtitan_ablate.components.data.sft import ChatRenderer, special_token_id
 from torchtitan_ablate.components.tokenizer import build_tokenizer
-from torchtitan_ablate.config import ConfigError
+from torchtitan_ablate.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKENIZER = str(ROOT / "assets/tokenizer/debug.tiktoken")
@@ -119,7 +119,4 @@ def test_clear_errors(tok, tmp_path):
     with pytest.raises(ConfigError, match="training.dataset_path: .*bad.jsonl:1: not a valid"):
         next(iter(loader(tok, "greedy", path=str(bad))))
     with pytest.raises(ConfigError, match="training.packing = 'best_fit'"):
-        build_dataloader(
-            dataset="text", dataset_path=CHAT, tokenizer=tok, seq_len=8, local_batch_size=1,
-            packing="best_fit", dp_rank=0, dp_world_size=1, seed=0,
-        )  # fmt: skip
+        load_config(["--training.packing", "best_fit"])  # the rule's one home: the loader

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -198,19 +198,3 @@ def test_apply_ep_on_meta_qwen3_moe() -> None:
         assert is_dtensor and has_grad
         assert shapes[0][0] == 8 and shapes[1][0] == 4 and shapes[0][1:] == shapes[1][1:]
         assert init_diff == 0  # the same initial experts as without EP
-
-
-def _bad_degree_rank() -> str:
-    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("ep",))
-    with torch.device("meta"):
-        moe = MoE(DIM, HIDDEN, 3, TOP_K)
-    try:
-        apply_ep(_OneLayer(moe), mesh)
-    except ValueError as e:
-        return str(e)
-    return ""
-
-
-def test_experts_not_divisible_by_ep() -> None:
-    msg = run_distributed(_bad_degree_rank, 2)[0]
-    assert "expert_parallel_degree = 2" in msg and "(3)" in msg and "\n" not in msg

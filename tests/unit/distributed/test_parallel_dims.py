@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from tests.dist_utils import run_distributed
 from torchtitan_ablate import train
+from torchtitan_ablate.build import check_layout
 from torchtitan_ablate.config import ConfigError, load_config, run_main
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims, ParallelDimsError
 from torchtitan_ablate.models.qwen3 import Qwen3Model
@@ -37,8 +38,9 @@ def test_bad_degrees(kwargs, needle):
 
 
 def test_model_constraints():
+    # The one home of these rules: apply_ep and cp_shard_batch take them as met.
     pd = ParallelDims(dp_replicate=1, dp_shard=4, cp=1, ep=4, world_size=4)
-    with pytest.raises(ParallelDimsError, match="divide the number of experts"):
+    with pytest.raises(ParallelDimsError, match=r"= 4 must divide the number of experts \(6\)"):
         pd.check_model(num_experts=6, seq_len=64)
     with pytest.raises(ParallelDimsError, match="dense models"):
         pd.check_model(num_experts=0, seq_len=64)
@@ -59,32 +61,6 @@ def test_meshes_built_are_the_ones_requested():
     assert run_distributed(_mesh_names, 2, None)[0] == ["dp", "dp_cp", "fsdp", "world"]
 
 
-@pytest.mark.parametrize(
-    "args, needle",
-    [
-        (["--model.num_experts", "8"], "model.num_experts = 8 applies to MoE flavors only"),
-        (["--model.moe_aux_loss_coef", "0.01"], "model.moe_aux_loss_coef = 0.01 applies to MoE"),
-        (["--model.moe_bias_update_rate", "0.01"], "model.moe_bias_update_rate = 0.01 applies"),
-    ],
-)
-def test_moe_knobs_on_a_dense_flavor_are_errors(args, needle):
-    with pytest.raises(ConfigError, match=needle):
-        train.build_model_args(load_config(["--model.flavor", "debugmodel"] + args))
-
-
-def test_model_overrides():
-    # "Keep" and "off" values pass on a dense flavor (shared argument lists set them).
-    dense = train.build_model_args(
-        load_config(["--model.moe_aux_loss_coef", "0", "--model.moe_bias_update_rate", "0"])
-    )
-    assert dense.num_experts == 0
-    moe = load_config(["--model.flavor", "debugmodel_moe", "--model.num_experts", "4"])
-    moe.model.n_layers, moe.model.moe_aux_loss_coef = 1, 0.0
-    args = train.build_model_args(moe)
-    assert (args.num_experts, args.n_layers, args.moe_aux_loss_coef) == (4, 1, 0.0)
-    # 0 is not "keep the flavor's value": the loader rejects it before any build.
-    with pytest.raises(ConfigError, match="model.n_layers = 0: -1"):
-        load_config(["--model.flavor", "debugmodel_moe", "--model.n_layers", "0"])
 
 
 @pytest.mark.parametrize(
@@ -129,7 +105,7 @@ def test_fsdp_knobs_without_fsdp_are_errors(device, use_fsdp, args, needle):
 def test_ac_log_names_the_option_only_for_selective(caplog, mode, logged):
     config = load_config(["--activation_checkpoint.mode", mode])
     with torch.device("meta"):
-        model = Qwen3Model(train.build_model_args(config))
+        model = Qwen3Model(check_layout(config, 1).model_args)
     pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, ep=1, world_size=1)
     with caplog.at_level(logging.INFO, logger="torchtitan_ablate"):
         parallelize_qwen3(model, pd, config, "cpu")  # one CPU rank in fp32: no FSDP, no mesh
@@ -169,6 +145,11 @@ def _start(args) -> tuple[int, list[str]]:
             None,
         ),
         (["--parallelism.expert_parallel_degree", "2"], "dense models need"),
+        (
+            ["--model.flavor", "debugmodel_moe", "--model.num_experts", "3"]
+            + ["--parallelism.expert_parallel_degree", "2"],
+            "expert_parallel_degree = 2 must divide the number of experts (3)",
+        ),
         (["--parallelism.fsdp_cpu_offload", "true"], "needs CUDA devices"),
         (
             ["--parallelism.context_parallel_degree", "2", "--training.seq_len", "66"],

@@ -71,16 +71,16 @@ def test_varlen_and_flash_explain_themselves_on_cpu() -> None:
 
 
 def test_flash_without_the_package_is_a_config_error_at_build() -> None:
+    from torchtitan_ablate.build import build_model, check_layout
     from torchtitan_ablate.config import ConfigError, load_config
     from torchtitan_ablate.models.common.attention import flash_attn_module
-    from torchtitan_ablate.train import build_model, build_model_args, check_layout
 
     if flash_attn_module() is not None:
         pytest.skip("flash-attn is installed")
     config = load_config(["--model.attn_backend", "flash"])
-    pd, args, _ = check_layout(config, 1)
+    layout = check_layout(config, 1)
     with pytest.raises(ConfigError, match="needs the flash-attn package"):
-        build_model(config, pd, build_model_args(config), torch.device("cpu"))
+        build_model(config, layout.parallel_dims, layout.model_args, torch.device("cpu"))
 
 
 def test_cu_seqlens_from_document_ids() -> None:

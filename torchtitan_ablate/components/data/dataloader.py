@@ -20,7 +20,6 @@ from torchtitan_ablate.components.data.datasets import (
 from torchtitan_ablate.components.data.packing import PACKING_MODES, PackedDataset
 from torchtitan_ablate.components.data.sft import SFT_PACKING_MODES, ChatDocuments, SFTDataset
 from torchtitan_ablate.components.tokenizer import Tokenizer
-from torchtitan_ablate.config import ConfigError
 
 DATASETS = ("synthetic", "text", "chat")
 
@@ -42,22 +41,14 @@ def build_dataloader(
 ) -> StatefulDataLoader:
     """Build this dp rank's infinite loader. dataset_path: a .txt/.jsonl file or folder (chat:
     .jsonl conversations, see sft.py)."""
-    if dataset not in DATASETS:
-        raise ConfigError(f"training.dataset = {dataset!r}: expected one of {DATASETS}")
+    # The user-facing rules on these values live in config/validation.py (load_config).
     modes = SFT_PACKING_MODES if dataset == "chat" else PACKING_MODES
-    if packing not in modes:
-        raise ConfigError(
-            f"training.packing = {packing!r}: training.dataset = {dataset!r} needs one of {modes}"
-        )
+    assert dataset in DATASETS and packing in modes, (dataset, packing)
     if not 0 <= dp_rank < dp_world_size:
         raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_world_size={dp_world_size})")
     if seq_len < 1 or local_batch_size < 1:
         raise ValueError(f"seq_len={seq_len} and local_batch_size={local_batch_size} must be >= 1")
-    if dataset == "chat" and data_sharding != "documents":
-        raise ConfigError(
-            f"training.data_sharding = {data_sharding!r} is for text and synthetic data; chat "
-            "(SFT) data is sharded by conversation: use data_sharding = 'documents'"
-        )
+    assert dataset != "chat" or data_sharding == "documents", data_sharding
     if dataset == "chat":  # SFT: assistant-only labels, conversations kept whole
         chats = ChatDocuments(list_text_files(dataset_path, dataset), tokenizer, seq_len)
         rows = SFTDataset(chats, seq_len, packing, tokenizer.pad_id, dp_rank, dp_world_size)

@@ -35,7 +35,6 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from torchtitan_ablate.components.data.datasets import SyntheticDocuments, TextDocuments
 from torchtitan_ablate.components.loss import IGNORE_INDEX
-from torchtitan_ablate.config import ConfigError
 
 PACKING_MODES = ("greedy", "padding")
 SHARDING_MODES = ("documents", "rows")
@@ -65,12 +64,8 @@ class PackedDataset(IterableDataset):
         sharding: str = "documents",
         local_batch_size: int = 1,
     ) -> None:
-        if packing not in PACKING_MODES:
-            raise ConfigError(f"training.packing = {packing!r}: expected one of {PACKING_MODES}")
-        if sharding not in SHARDING_MODES:
-            raise ConfigError(
-                f"training.data_sharding = {sharding!r}: expected one of {SHARDING_MODES}"
-            )
+        # The loader checked both (config/validation.py states the rules).
+        assert packing in PACKING_MODES and sharding in SHARDING_MODES, (packing, sharding)
         self.source, self.seq_len, self.packing = source, seq_len, packing
         self.eos_id, self.pad_id = eos_id, pad_id
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size

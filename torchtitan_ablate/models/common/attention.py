@@ -23,7 +23,7 @@ ATTN_BACKENDS = ("auto", "sdpa", "flex", "varlen", "flash")
 def resolve_backend(backend: str, device: torch.device) -> str:
     """'auto': FlexAttention on CUDA, SDPA elsewhere. In compiled Qwen3-0.6B training on one
     H100, flex gave 91.0k tokens/s against 51.8k for SDPA's cuDNN kernel, whose backward ran
-    3x slower inside the compiled blocks than alone (docs/performance_sessions_1-2.md)."""
+    3x slower inside the compiled blocks than alone (docs/performance.md)."""
     if backend == "auto":
         return "flex" if torch.device(device).type == "cuda" else "sdpa"
     return backend

@@ -27,24 +27,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from torchtitan_ablate.config import ConfigError
+from torchtitan_ablate.config.job_config import LORA_TARGETS
 from torchtitan_ablate.distributed.expert_parallel import ExpertParallelExperts
 from torchtitan_ablate.models.common.experts import GroupedExperts, pad_by_expert, use_grouped_mm
 from torchtitan_ablate.models.common.permute import gather_rows
 
 logger = logging.getLogger("torchtitan_ablate")
 
-# HF projection name -> our module path inside a transformer block.
-LINEAR_TARGETS = {
-    "q_proj": "attention.wq",
-    "k_proj": "attention.wk",
-    "v_proj": "attention.wv",
-    "o_proj": "attention.wo",
-    "gate_proj": "feed_forward.w1",
-    "up_proj": "feed_forward.w3",
-    "down_proj": "feed_forward.w2",
-}
-EXPERTS_TARGET = "experts"
 EXPERT_WEIGHTS = ("w1", "w2", "w3")
 
 
@@ -85,24 +74,17 @@ def apply_lora(
 ) -> int:
     """Adds adapters to `target_modules` of every block and freezes every other parameter.
 
-    Returns the number of adapter parameters. Works on any device (meta included).
+    The settings are a loaded config's (config/validation.py checked them); `target_modules`
+    are names of config's LORA_TARGETS. Returns the number of adapter parameters. Works on any
+    device (meta included).
     """
-    if rank < 1:
-        raise ConfigError(f"lora.rank = {rank}: must be >= 1 (e.g. 16)")
-    if not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"lora.dropout = {dropout}: must be in [0, 1) (e.g. 0.05)")
-    allowed = [*LINEAR_TARGETS, EXPERTS_TARGET]
-    unknown = [t for t in target_modules if t not in allowed]
-    if unknown or not target_modules:
-        what = f"unknown {unknown}" if unknown else "empty"
-        raise ConfigError(f"lora.target_modules = {target_modules}: {what}; choose from {allowed}")
     for p in model.parameters():
         p.requires_grad_(False)
     scale = alpha / rank
     hits = dict.fromkeys(target_modules, 0)
     for block in model.layers.values():
         for target in target_modules:
-            module = _find(block, LINEAR_TARGETS.get(target, "moe.experts"))
+            module = _find(block, LORA_TARGETS[target])
             if module is None:
                 continue
             if isinstance(module, GroupedExperts):

@@ -12,17 +12,18 @@ from torchtitan_ablate.components.loss import chunked_linear_cross_entropy_sum
 
 
 class OutputHead(nn.Linear):
-    # Set by parallelize when compile.components holds "loss": the chunked loss then fuses each
-    # chunk's softmax and gradient (no float32 copy of the chunk's logits).
-    compile_loss: bool = False
-
     def forward(
-        self, h_BSD: torch.Tensor, labels_BS: torch.Tensor | None = None, chunk_size: int = 0
+        self,
+        h_BSD: torch.Tensor,
+        labels_BS: torch.Tensor | None = None,
+        chunk_size: int = 0,
+        compiled: bool = False,
     ) -> torch.Tensor:
         """Logits [B, S, V]; with labels, the float32 cross-entropy sum over valid labels,
-        computed chunk_size tokens at a time."""
+        computed chunk_size tokens at a time. compiled: each chunk's softmax and gradient fused
+        (no float32 copy of the chunk's logits)."""
         if labels_BS is None:
             return super().forward(h_BSD)
         return chunked_linear_cross_entropy_sum(
-            h_BSD, self.weight, labels_BS, chunk_size, compiled=self.compile_loss
+            h_BSD, self.weight, labels_BS, chunk_size, compiled=compiled
         )

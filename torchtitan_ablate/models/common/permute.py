@@ -6,7 +6,7 @@ every index is a permutation or injective (each routed row is read once, each pa
 written once), and the only repetition is known in advance: every token is routed to exactly
 top_k experts. Writing that down gives backward passes made of gathers, plain scatters and one
 k-way sum: no atomics, deterministic, and lowered by inductor into fused kernels (the
-accumulating versions were 7% of the one-GPU MoE step on an H100, docs/performance_sessions_3-4.md).
+accumulating versions were 7% of the one-GPU MoE step on an H100, docs/performance.md).
 
 Shape legend: T tokens, K top_k, R = T*K routed rows, D model dim, P padded rows.
 """
@@ -30,29 +30,29 @@ class _RepeatSorted(Function):
         return grad_TD, None, None, None
 
 
-class _PermuteRows(Function):
+class _GatherGrad(Function):
+    """The backward of a forward(ctx, x, a, b) that saved one index with output row index_R[i] =
+    input row i: x's gradient is a gather of the output's, a and b get none."""
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (index_R,) = ctx.saved_tensors
+        return grad_out[index_R], None, None
+
+
+class _PermuteRows(_GatherGrad):
     @staticmethod
     def forward(ctx, x_RD, perm_R, inv_perm_R):
         ctx.save_for_backward(inv_perm_R)
         return x_RD[perm_R]
 
-    @staticmethod
-    def backward(ctx, grad_RD):
-        (inv_perm_R,) = ctx.saved_tensors
-        return grad_RD[inv_perm_R], None, None
 
-
-class _ScatterRows(Function):
+class _ScatterRows(_GatherGrad):
     @staticmethod
     def forward(ctx, x_RD, dest_R, n_rows: int):
         ctx.save_for_backward(dest_R)
         out = x_RD.new_zeros(n_rows, *x_RD.shape[1:])
         return out.index_put((dest_R,), x_RD)
-
-    @staticmethod
-    def backward(ctx, grad_PD):
-        (dest_R,) = ctx.saved_tensors
-        return grad_PD[dest_R], None, None
 
 
 class _GatherRows(Function):

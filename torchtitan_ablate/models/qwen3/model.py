@@ -165,15 +165,17 @@ class Qwen3Model(nn.Module):
         document_ids_BS: torch.Tensor | None = None,
         labels_BS: torch.Tensor | None = None,
         loss_chunk_size: int = 0,
+        compiled_loss: bool = False,
     ) -> torch.Tensor:
         """Logits [B, S, V]. document_ids_BS: attend only within a document (packed rows);
         positions_BS then restart per document (the data loader supplies them).
         With labels_BS: instead the float32 cross-entropy sum over labels != -100, computed
-        loss_chunk_size tokens at a time without the whole batch's logits."""
+        loss_chunk_size tokens at a time without the whole batch's logits (compiled_loss:
+        each chunk's loss and gradient as one compiled kernel)."""
         h_BSD = self.forward_hidden(tokens_BS, positions_BS, document_ids_BS)
         if labels_BS is None:
             return self.output(h_BSD)
-        return self.output(h_BSD, labels_BS, loss_chunk_size)
+        return self.output(h_BSD, labels_BS, loss_chunk_size, compiled_loss)
 
     # ---- MoE hooks for the trainer and metrics ---------------------------------------------------
 

@@ -25,7 +25,7 @@ from torchtitan_ablate.distributed.compile import apply_compile
 from torchtitan_ablate.distributed.context_parallel import apply_cp
 from torchtitan_ablate.distributed.expert_parallel import apply_ep
 from torchtitan_ablate.distributed.float8 import apply_float8
-from torchtitan_ablate.distributed.fsdp import apply_fsdp, describe_layout
+from torchtitan_ablate.distributed.fsdp import AccumulationPlan, apply_fsdp, describe_layout
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.models.common.lora import apply_lora, make_ep_lora_experts
 
@@ -80,7 +80,9 @@ def check_fsdp_knobs(job_config: JobConfig, device_type: str, use_fsdp: bool) ->
 
 def parallelize_qwen3(
     model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig, device_type: str
-) -> nn.Module:
+) -> AccumulationPlan | None:
+    """Applies the techniques in place; returns FSDP's plan for the micro-batches of a step
+    (None without FSDP), which the train step hands to `before_micro_batch`."""
     pd = parallel_dims
     dtype = param_dtype(job_config, device_type)
     # FSDP2 also on one GPU: its MixedPrecisionPolicy gives bf16 compute over fp32 weights.
@@ -110,17 +112,15 @@ def parallelize_qwen3(
         option = f" ({ac.selective_ac_option})" if ac.mode == "selective" else ""
         logger.info(f"activation checkpointing: {ac.mode}{option}")
 
-    if job_config.compile.enable and "loss" in job_config.compile.components:
-        model.output.compile_loss = True  # the chunked loss; the plain one is built compiled
-
     if job_config.compile.enable and "model" in job_config.compile.components:
         # MoE blocks read token counts on the host in the CPU expert loop: allow graph breaks.
         apply_compile(model, fullgraph=not model.args.num_experts)
         logger.info("torch.compile per transformer block")
 
+    plan = None
     if use_fsdp:
         p = job_config.parallelism
-        apply_fsdp(
+        plan = apply_fsdp(
             model,
             pd.mesh("fsdp"),
             param_dtype=dtype,
@@ -130,4 +130,4 @@ def parallelize_qwen3(
             experts_mesh=pd.mesh("experts_fsdp") if pd.ep_enabled else None,
         )
         logger.info(describe_layout(pd.dp_replicate, pd.dp_shard * pd.cp))
-    return model
+    return plan

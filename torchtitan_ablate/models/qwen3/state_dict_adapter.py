@@ -8,6 +8,8 @@ mlp.experts.down_proj [E, D, I]). from_hf accepts either; to_hf writes the one a
 Shape legend: E experts, I expert hidden dim, D model dim.
 """
 
+from collections.abc import Iterator
+
 import torch
 
 from torchtitan_ablate.models.qwen3.args import Qwen3ModelArgs
@@ -83,22 +85,19 @@ class Qwen3StateDictAdapter:
             shapes["lm_head.weight"] = (a.vocab_size, a.dim)
         native = self.native_shapes()
         e, i = a.num_experts, a.moe_hidden_dim
-        for n in range(a.n_layers):
-            prefix = f"model.layers.{n}."
-            suffixes = {**_BLOCK_KEYS, **({} if a.is_moe_layer(n) else _DENSE_KEYS)}
-            for ours, theirs in suffixes.items():
-                shapes[prefix + theirs] = native[f"layers.{n}.{ours}"]
-            if not a.is_moe_layer(n):
+        for _, theirs, plain, moe in _blocks(a):
+            shapes.update({hf_key: native[key] for key, hf_key in plain.items()})
+            if not moe:
                 continue
-            shapes[prefix + "mlp.gate.weight"] = (e, a.dim)
+            shapes[theirs + "mlp.gate.weight"] = (e, a.dim)
             if layout == "fused":
-                shapes[prefix + "mlp.experts.gate_up_proj"] = (e, 2 * i, a.dim)
-                shapes[prefix + "mlp.experts.down_proj"] = (e, a.dim, i)
+                shapes[theirs + "mlp.experts.gate_up_proj"] = (e, 2 * i, a.dim)
+                shapes[theirs + "mlp.experts.down_proj"] = (e, a.dim, i)
                 continue
             for x in range(e):
                 for w, name in _HUB_EXPERT.items():
                     shape = (a.dim, i) if w == "w2" else (i, a.dim)
-                    shapes[f"{prefix}mlp.experts.{x}.{name}.weight"] = shape
+                    shapes[f"{theirs}mlp.experts.{x}.{name}.weight"] = shape
         return shapes
 
     # ---- conversion ----------------------------------------------------------------------------
@@ -117,11 +116,9 @@ class Qwen3StateDictAdapter:
         }
         if not a.tie_embeddings:
             hf["lm_head.weight"] = native_sd["output.weight"]
-        for n in range(a.n_layers):
-            ours, theirs = f"layers.{n}.", f"model.layers.{n}."
-            suffixes = {**_BLOCK_KEYS, **({} if a.is_moe_layer(n) else _DENSE_KEYS)}
-            hf.update({theirs + v: native_sd[ours + k] for k, v in suffixes.items()})
-            if not a.is_moe_layer(n):
+        for ours, theirs, plain, moe in _blocks(a):
+            hf.update({hf_key: native_sd[key] for key, hf_key in plain.items()})
+            if not moe:
                 continue
             hf[theirs + "mlp.gate.weight"] = native_sd[ours + "moe.router.gate.weight"]
             w = {k: native_sd[f"{ours}moe.experts.{k}"] for k in _HUB_EXPERT}
@@ -148,11 +145,9 @@ class Qwen3StateDictAdapter:
         embed = hf_sd["model.embed_tokens.weight"]
         native = {"tok_embeddings.weight": embed, "norm.weight": hf_sd["model.norm.weight"]}
         native["output.weight"] = embed if a.tie_embeddings else hf_sd["lm_head.weight"]
-        for n in range(a.n_layers):
-            ours, theirs = f"layers.{n}.", f"model.layers.{n}."
-            suffixes = {**_BLOCK_KEYS, **({} if a.is_moe_layer(n) else _DENSE_KEYS)}
-            native.update({ours + k: hf_sd[theirs + v] for k, v in suffixes.items()})
-            if not a.is_moe_layer(n):
+        for ours, theirs, plain, moe in _blocks(a):
+            native.update({key: hf_sd[hf_key] for key, hf_key in plain.items()})
+            if not moe:
                 continue
             native[ours + "moe.router.gate.weight"] = hf_sd[theirs + "mlp.gate.weight"]
             if layout == "fused":
@@ -173,6 +168,15 @@ class Qwen3StateDictAdapter:
             if a.moe_bias_update_rate > 0:
                 native[ours + "moe.expert_bias"] = torch.zeros(a.num_experts)
         return native
+
+
+def _blocks(args: Qwen3ModelArgs) -> Iterator[tuple[str, str, dict[str, str], bool]]:
+    """Per block: its native prefix, its HF prefix, native -> HF name of each key that maps one to
+    one (attention, norms, dense MLP), and whether its MLP is MoE."""
+    for n in range(args.n_layers):
+        ours, theirs, moe = f"layers.{n}.", f"model.layers.{n}.", args.is_moe_layer(n)
+        suffixes = {**_BLOCK_KEYS, **({} if moe else _DENSE_KEYS)}
+        yield ours, theirs, {ours + k: theirs + v for k, v in suffixes.items()}, moe
 
 
 def _check(

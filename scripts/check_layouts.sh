@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Every parallel layout against the one-GPU run on this machine's GPUs (or gloo processes with
+# --cpu): same global batches, loss curves compared by scripts/compare_runs.py.
+set -uo pipefail
+
+usage() {
+  cat <<'USAGE'
+usage: scripts/check_layouts.sh [options] OUT
+
+Trains a dense and a MoE model once on one GPU and then in every parallel layout at each GPU
+count of --worlds, all on the same global batches (training.data_sharding = "rows", local batch
+1, gradient accumulation makes up the global batch), and compares each run's loss curve with
+the one-GPU run's (scripts/compare_runs.py). Exit 1 if a run failed or left --rtol.
+
+Layouts at each world size W: FSDP W, FSDP W in ZeRO-2 mode (reshard never), replicate W,
+CP 2 x FSDP W/2, FSDP W with full activation checkpointing, MoE with EP W; at W = 4 also
+HSDP 2x2 and HSDP 2x2 x EP 2.
+
+Writes OUT/<run>/ (metrics.jsonl, config.toml), OUT/<run>.log, and the verdict tables
+OUT/compare_dense.md and OUT/compare_moe.md.
+
+options:
+  --worlds "2 4"       GPU counts to check (default "2 4"; each needs that many GPUs)
+  --steps N            training steps (default 50)
+  --global-batch N     rows per optimizer step (default 8; a multiple of every world size)
+  --seq N              sequence length (default 2048)
+  --dense-flavor F     dense model (default 0.6B) ...
+  --dense-layers N     ... cut to N blocks (default 8)
+  --moe-flavor F       MoE model (default 30B-A3B) ...
+  --moe-layers N       ... cut to N blocks (default 4) ...
+  --moe-experts N      ... with N experts (default 16)
+  --rtol X             largest relative loss difference accepted (default 0.02: bf16 on GPUs)
+  --timeout S          seconds per run (default 300)
+  --cpu                gloo processes instead of GPUs: debugmodel / debugmodel_moe, 2 blocks,
+                       8 experts, seq 128, 5 steps, global batch 4 (options after it still
+                       apply); about 5 minutes on 2 cores
+  -h, --help           this text
+USAGE
+}
+
+worlds="2 4" steps=50 gbs=8 seq=2048 rtol=0.02 limit=300
+dense_flavor=0.6B dense_layers=8 moe_flavor=30B-A3B moe_layers=4 moe_experts=16
+out=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    -h | --help) usage; exit 0 ;;
+    --worlds | --steps | --global-batch | --seq | --dense-* | --moe-* | --rtol | --timeout)
+      [ $# -ge 2 ] || { echo "check_layouts.sh: $1 needs a value (see --help)" >&2; exit 2; }
+      ;;&
+    --worlds) worlds=$2; shift ;;
+    --steps) steps=$2; shift ;;
+    --global-batch) gbs=$2; shift ;;
+    --seq) seq=$2; shift ;;
+    --dense-flavor) dense_flavor=$2; shift ;;
+    --dense-layers) dense_layers=$2; shift ;;
+    --moe-flavor) moe_flavor=$2; shift ;;
+    --moe-layers) moe_layers=$2; shift ;;
+    --moe-experts) moe_experts=$2; shift ;;
+    --rtol) rtol=$2; shift ;;
+    --timeout) limit=$2; shift ;;
+    --cpu)
+      dense_flavor=debugmodel moe_flavor=debugmodel_moe dense_layers=2 moe_layers=2
+      moe_experts=8 seq=128 steps=5 gbs=4
+      ;;
+    -*) echo "check_layouts.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *)
+      [ -z "$out" ] || { echo "check_layouts.sh: one OUT folder, got '$out' and '$1'" >&2; exit 2; }
+      out=$1
+      ;;
+  esac
+  shift
+done
+[ -n "$out" ] || { usage >&2; exit 2; }
+
+cd "$(dirname "$0")/.."
+source scripts/setup_env.sh
+mkdir -p "$out"
+
+dense=(--job.config_file train_configs/qwen3_0.6b.toml --model.flavor "$dense_flavor"
+       --model.n_layers "$dense_layers" --training.seq_len "$seq")
+moe=(--job.config_file train_configs/qwen3_moe_1gpu.toml --model.flavor "$moe_flavor"
+     --model.n_layers "$moe_layers" --model.num_experts "$moe_experts" --training.seq_len "$seq")
+# Local batch 1, a fixed global batch and rows sharding: every world size trains on exactly the
+# same rows per step. The plain loss keeps the comparison free of the chunk size.
+common=(--training.steps "$steps" --training.global_batch_size "$gbs"
+        --training.local_batch_size 1 --training.data_sharding rows --metrics.log_freq 1
+        --lr_scheduler.warmup_steps 5 --checkpoint.enable false --training.loss_chunk_size 0)
+P=--parallelism
+dense_runs=() moe_runs=()
+
+train() {  # train NAME NGPU dense|moe [--section.key value ...]
+  local name=$1 ngpu=$2 model=$3
+  shift 3
+  local -a model_args
+  if [ "$model" = dense ]; then model_args=("${dense[@]}"); else model_args=("${moe[@]}"); fi
+  case $name in
+    *_ref) ;;
+    dense_*) dense_runs+=("$out/$name") ;;
+    *) moe_runs+=("$out/$name") ;;
+  esac
+  echo "$name: $ngpu process(es)"
+  NGPU=$ngpu timeout "$limit" ./run_train.sh "${model_args[@]}" "${common[@]}" \
+    --job.dump_folder "$out/$name" "$@" >"$out/$name.log" 2>&1 \
+    || echo "$name failed (see $out/$name.log)"
+}
+
+train dense_ref 1 dense
+train moe_ref 1 moe
+for w in $worlds; do
+  train "dense_fsdp$w" "$w" dense
+  train "dense_fsdp${w}_never" "$w" dense $P.fsdp_reshard_after_forward never
+  train "dense_replicate$w" "$w" dense $P.data_parallel_replicate_degree "$w" \
+    $P.data_parallel_shard_degree 1
+  train "dense_cp2_w$w" "$w" dense $P.context_parallel_degree 2
+  train "dense_fsdp${w}_ac_full" "$w" dense --activation_checkpoint.mode full
+  train "moe_ep$w" "$w" moe $P.expert_parallel_degree "$w"
+  if [ "$w" = 4 ]; then
+    train dense_hsdp2x2 4 dense $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2
+    train moe_hsdp2x2_ep2 4 moe $P.data_parallel_replicate_degree 2 \
+      $P.data_parallel_shard_degree 2 $P.expert_parallel_degree 2
+  fi
+done
+
+rc=0
+"$PYTHON" scripts/compare_runs.py "$out/dense_ref" "${dense_runs[@]}" --rtol "$rtol" \
+  | tee "$out/compare_dense.md"
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+"$PYTHON" scripts/compare_runs.py "$out/moe_ref" "${moe_runs[@]}" --rtol "$rtol" \
+  | tee "$out/compare_moe.md"
+[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+exit $rc

@@ -1,0 +1,102 @@
+"""The package's import graph has no cycle: every `import` and `from ... import` statement,
+also those inside functions (a lazy import that closes a cycle only moves the failure to run
+time), between modules of torchtitan_ablate. A package counts as its `__init__` module, and
+importing `a.b.c` imports `a` and `a.b` first, so those edges count too."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = "torchtitan_ablate"
+ROOT = Path(__file__).resolve().parents[2] / PACKAGE
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def _imported(name: str, modules: dict[str, Path]) -> set[str]:
+    """`name` and the packages above it that exist in the package (what Python imports)."""
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(2, len(parts) + 1)} & modules.keys()
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    edges |= _imported(alias.name, modules)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: resolve against this module's package
+                    pkg = name.split(".") if is_package else name.split(".")[:-1]
+                    pkg = pkg[: len(pkg) - node.level + 1]
+                    base = ".".join(pkg + ([base] if base else []))
+                edges |= _imported(base, modules)
+                for alias in node.names:  # `from pkg import module`
+                    edges |= _imported(f"{base}.{alias.name}", modules)
+        # A module's own packages are imported before it and never import it back here.
+        graph[name] = {e for e in edges if e != name and not name.startswith(e + ".")}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_graph_sees_the_package():
+    graph = import_graph()
+    assert f"{PACKAGE}.train" in graph
+    assert f"{PACKAGE}.build" in graph[f"{PACKAGE}.train"]
+
+
+def test_a_cycle_is_found():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_tools_never_import_the_trainer():
+    """They build through build.py; the trainer only adds what training alone needs."""
+    graph = import_graph()
+    trainer = f"{PACKAGE}.train"
+    tools = (f"{PACKAGE}.memory", f"{PACKAGE}.ablate", f"{PACKAGE}.build", f"{PACKAGE}.step")
+    for name, edges in graph.items():
+        if name.startswith(tools):
+            assert trainer not in edges, f"{name} imports the trainer"
+    for script in (ROOT.parent / "scripts").glob("*.py"):
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+                assert trainer not in names, f"scripts/{script.name} imports the trainer"

@@ -1,0 +1,228 @@
+"""The one build path below the trainer: training, estimation, bench and the ablation runner.
+
+    layout = build_layout(config, world_size, device_type)   # checks, meshes, seed
+    dataloader = build_data(config, layout, device)           # the trainer and bench only
+    run = build_run(config, layout, device)                   # model, optimizer, schedule, loss
+
+`check_layout` alone makes every check that needs no process group (the ablation dry run).
+The model is built on the meta device, parallelized by `parallelize_qwen3`, materialized on the
+device and initialized; `step.train_step(run, batches)` is the step every caller times, tracks
+or trains with.
+"""
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from torchtitan_ablate.components.data import build_dataloader
+from torchtitan_ablate.components.loss import cross_entropy_sum
+from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler
+from torchtitan_ablate.components.optimizer import build_optimizer
+from torchtitan_ablate.components.tokenizer import Tokenizer, build_tokenizer
+from torchtitan_ablate.config import ConfigError, JobConfig
+from torchtitan_ablate.distributed import utils as dist_utils
+from torchtitan_ablate.distributed.fsdp import AccumulationPlan
+from torchtitan_ablate.distributed.parallel_dims import ParallelDims
+from torchtitan_ablate.models.common import attention
+from torchtitan_ablate.models.common.lora import init_lora_weights
+from torchtitan_ablate.models.qwen3 import Qwen3Model, Qwen3ModelArgs
+from torchtitan_ablate.models.qwen3.parallelize import parallelize_qwen3
+from torchtitan_ablate.models.qwen3.sizes import build_model_args
+
+logger = logging.getLogger("torchtitan_ablate")
+
+LossFn = Callable[[Qwen3Model, dict], torch.Tensor]
+
+
+@dataclass
+class Layout:
+    """What a run is before anything is built: degrees, model sizes, micro-batches per step."""
+
+    parallel_dims: ParallelDims
+    model_args: Qwen3ModelArgs
+    grad_accum: int
+
+
+@dataclass
+class Run:
+    """A built run: everything `step.train_step` needs."""
+
+    parallel_dims: ParallelDims
+    model_args: Qwen3ModelArgs
+    grad_accum: int
+    model: Qwen3Model
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: torch.optim.lr_scheduler.LRScheduler
+    loss_fn: LossFn
+    accumulation: AccumulationPlan | None
+    """What FSDP is told between micro-batches (None without FSDP)."""
+    max_norm: float
+
+
+def build_parallel_dims(config: JobConfig, world_size: int) -> ParallelDims:
+    p = config.parallelism
+    try:
+        return ParallelDims(
+            dp_replicate=p.data_parallel_replicate_degree,
+            dp_shard=p.data_parallel_shard_degree,
+            cp=p.context_parallel_degree,
+            ep=p.expert_parallel_degree,
+            world_size=world_size,
+        )
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def num_microbatches(config: JobConfig, dp: int) -> int:
+    t = config.training
+    per_micro = t.local_batch_size * dp
+    if t.global_batch_size == -1:
+        return 1
+    if t.global_batch_size % per_micro:
+        raise ConfigError(
+            f"training.global_batch_size = {t.global_batch_size} must be a multiple of "
+            f"local_batch_size * data-parallel degree = {t.local_batch_size} * {dp}"
+        )
+    return t.global_batch_size // per_micro
+
+
+def check_layout(config: JobConfig, world_size: int) -> Layout:
+    """Every check made before anything is built (shared by the trainer, the estimator and the
+    ablation dry run): degrees vs world size, model vs degrees, batch vs data parallel."""
+    pd = build_parallel_dims(config, world_size)
+    model_args = build_model_args(
+        config.model, config.training.seq_len, config.checkpoint.initial_load_path
+    )
+    try:
+        pd.check_model(model_args.num_experts, config.training.seq_len)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return Layout(pd, model_args, num_microbatches(config, pd.dp))
+
+
+def build_layout(config: JobConfig, world_size: int, device_type: str) -> Layout:
+    """check_layout, then the meshes (in the current process group) and the seed that every
+    later random draw (data order aside) follows."""
+    layout = check_layout(config, world_size)
+    layout.parallel_dims.build_meshes(device_type)
+    torch.manual_seed(config.training.seed)
+    return layout
+
+
+def build_data(
+    config: JobConfig, layout: Layout, device: torch.device
+) -> tuple[Tokenizer, torch.utils.data.DataLoader]:
+    """The tokenizer and this data-parallel rank's loader; a tokenizer larger than the model's
+    vocabulary is an error, a much smaller one a warning."""
+    t, vocab_size = config.training, layout.model_args.vocab_size
+    tokenizer = build_tokenizer(config.model.tokenizer_path)
+    if tokenizer.vocab_size > vocab_size:
+        raise ConfigError(
+            f"model.tokenizer_path = {config.model.tokenizer_path!r} has "
+            f"{tokenizer.vocab_size} tokens but flavor {config.model.flavor!r} has "
+            f"vocab_size {vocab_size}; set model.vocab_size"
+        )
+    if tokenizer.vocab_size * 10 < vocab_size:
+        logger.warning(
+            f"tokenizer {config.model.tokenizer_path} has {tokenizer.vocab_size} tokens, "
+            f"the model {vocab_size}: for a real run point "
+            "model.tokenizer_path at the model's own tokenizer"
+        )
+    pd = layout.parallel_dims
+    dataloader = build_dataloader(
+        dataset=t.dataset,
+        dataset_path=t.dataset_path,
+        tokenizer=tokenizer,
+        seq_len=t.seq_len,
+        local_batch_size=t.local_batch_size,
+        packing=t.packing,
+        dp_rank=pd.dp_rank(),
+        dp_world_size=pd.dp,
+        seed=t.seed,
+        num_workers=t.num_workers,
+        pin_memory=device.type == "cuda",
+        data_sharding=t.data_sharding,
+    )
+    return tokenizer, dataloader
+
+
+def build_model(
+    config: JobConfig, parallel_dims: ParallelDims, model_args: Qwen3ModelArgs, device: torch.device
+) -> tuple[Qwen3Model, AccumulationPlan | None]:
+    """The one model-building path: meta build, parallelize, materialize on `device`,
+    initialize. Returns the model and FSDP's plan for the micro-batches of a step."""
+    if model_args.attn_backend == "flash" and attention.flash_attn_module() is None:
+        # Here, not inside the first (compiled) forward, where it would surface as a dynamo trace.
+        raise ConfigError(attention.FLASH_MISSING)
+    with torch.device("meta"):
+        model = Qwen3Model(model_args)
+    accumulation = parallelize_qwen3(model, parallel_dims, config, device.type)
+    model.to_empty(device=device)
+    if device.type == "cpu" and parallel_dims.world_size > 1:
+        dist_utils.init_weights_unsharded(model, device)
+    else:
+        with torch.no_grad():
+            model.init_weights(buffer_device=device)
+    if config.lora.enable:
+        init_lora_weights(model)
+    model.train()
+    return model, accumulation
+
+
+def build_loss_fn(config: JobConfig) -> LossFn:
+    """loss_fn(model, micro_batch) -> this micro-batch's cross-entropy sum, as configured: the
+    chunked output projection + loss (training.loss_chunk_size > 0: no full logits), else the
+    loss on the logits. compile.components "loss" compiles either (fuses the fp32 upcast,
+    log-softmax and gather); this is the one place that reads it."""
+    chunk_size = config.training.loss_chunk_size
+    compiled = config.compile.enable and "loss" in config.compile.components
+
+    def inputs(batch: dict) -> tuple:
+        return batch["input_ids"], batch["positions"], batch["document_ids"]
+
+    if chunk_size > 0:
+
+        def chunked_loss(model: Qwen3Model, batch: dict) -> torch.Tensor:
+            return model(
+                *inputs(batch),
+                labels_BS=batch["labels"],
+                loss_chunk_size=chunk_size,
+                compiled_loss=compiled,
+            )
+
+        return chunked_loss
+    ce = torch.compile(cross_entropy_sum) if compiled else cross_entropy_sum
+
+    def plain_loss(model: Qwen3Model, batch: dict) -> torch.Tensor:
+        return ce(model(*inputs(batch)), batch["labels"])
+
+    return plain_loss
+
+
+def build_run(
+    config: JobConfig,
+    layout: Layout,
+    device: torch.device,
+    optimizer_device_type: str | None = None,
+) -> Run:
+    """Model, optimizer, LR schedule and loss on the layout's meshes (the estimator calls it
+    under its FakeTensorMode, after build_layout: DeviceMesh needs real rank tensors).
+
+    optimizer_device_type: the device the optimizer is chosen for (the estimator builds CUDA's
+    on fake CPU tensors)."""
+    model, accumulation = build_model(config, layout.parallel_dims, layout.model_args, device)
+    optimizer = build_optimizer([model], config.optimizer, optimizer_device_type or device.type)
+    lr_scheduler = build_lr_scheduler(optimizer, config.lr_scheduler, config.training.steps)
+    return Run(
+        parallel_dims=layout.parallel_dims,
+        model_args=layout.model_args,
+        grad_accum=layout.grad_accum,
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=lr_scheduler,
+        loss_fn=build_loss_fn(config),
+        accumulation=accumulation,
+        max_norm=config.training.max_norm,
+    )

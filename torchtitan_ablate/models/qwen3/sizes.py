@@ -1,0 +1,97 @@
+"""This run's Qwen3 sizes: a flavor (or an HF folder's config.json) with the config's overrides.
+
+The one place where `[model]` becomes a `Qwen3ModelArgs`: the trainer, the estimator, bench and
+the ablation dry run all reach it through `build.check_layout`.
+"""
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from torchtitan_ablate.config import ConfigError
+from torchtitan_ablate.config.job_config import Model as ModelConfig
+from torchtitan_ablate.models.qwen3.args import Qwen3ModelArgs, qwen3_flavors
+
+
+def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The config.json of an HF folder (or of a DCP folder written by convert_checkpoint)."""
+    config = Path(path) / "config.json"
+    if not Path(path).is_dir():
+        raise ValueError(f"{path}: no such folder (expected one holding config.json)")
+    if not config.is_file():
+        raise ValueError(f"{path} holds no config.json (needed for HF weights / flavor 'auto')")
+    try:
+        data = json.loads(config.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{config} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{config} holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def hf_model_args(path: str | os.PathLike, **overrides: Any) -> Qwen3ModelArgs:
+    """Model sizes from an HF folder's config.json (model.flavor = "auto")."""
+    return Qwen3ModelArgs.from_hf_config(read_hf_config(path), **overrides)
+
+
+def build_model_args(
+    model: ModelConfig, seq_len: int, initial_load_path: str | None
+) -> Qwen3ModelArgs:
+    """The flavor's sizes with this run's overrides applied (-1 keeps the flavor's value; the
+    config loader has checked the ranges). MoE knobs on a dense flavor are an error, not ignored.
+    initial_load_path: the folder whose config.json flavor "auto" reads."""
+    if model.name != "qwen3":
+        raise ConfigError(f"model.name = {model.name!r}: only 'qwen3' is built in")
+    if model.flavor == "auto":
+        base = _auto_flavor(initial_load_path)
+    else:
+        base = qwen3_flavors.get(model.flavor)
+    if base is None:
+        raise ConfigError(
+            f"model.flavor = {model.flavor!r}: auto or one of {', '.join(qwen3_flavors)}"
+        )
+    if not base.num_experts:
+        _reject_moe_knobs_on_dense(model)
+    overrides: dict = {"attn_backend": model.attn_backend}
+    if model.moe_aux_loss_coef >= 0:
+        overrides["moe_aux_loss_coef"] = model.moe_aux_loss_coef
+    if model.moe_bias_update_rate > 0:
+        overrides["moe_bias_update_rate"] = model.moe_bias_update_rate
+    for key in ("vocab_size", "n_layers", "num_experts"):
+        if getattr(model, key) != -1:
+            overrides[key] = getattr(model, key)
+    overrides["max_seq_len"] = max(base.max_seq_len, seq_len)
+    try:
+        return dataclasses.replace(base, **overrides)
+    except ValueError as e:
+        raise ConfigError(f"model.flavor = {model.flavor!r} with these overrides: {e}") from None
+
+
+def _reject_moe_knobs_on_dense(model: ModelConfig) -> None:
+    """model.num_experts, moe_aux_loss_coef and moe_bias_update_rate on a dense flavor: the
+    model has no router for them to act on. Values that mean "keep" or "off" (-1, 0) are what a
+    dense model does anyway and pass (shared argument lists set moe_aux_loss_coef = 0)."""
+    harmless = {"num_experts": (-1,), "moe_aux_loss_coef": (-1, 0), "moe_bias_update_rate": (0,)}
+    for key, ok in harmless.items():
+        value = getattr(model, key)
+        if value not in ok:
+            raise ConfigError(
+                f"model.{key} = {value} applies to MoE flavors only (e.g. debugmodel_moe, "
+                f"30B-A3B) and model.flavor = {model.flavor!r} is dense: remove it (or use a MoE "
+                "flavor)"
+            )
+
+
+def _auto_flavor(initial_load_path: str | None) -> Qwen3ModelArgs:
+    """model.flavor = "auto": the sizes of the config.json in checkpoint.initial_load_path."""
+    if not initial_load_path:
+        raise ConfigError(
+            "model.flavor = 'auto' needs checkpoint.initial_load_path (a folder holding "
+            "config.json: an HF checkpoint or a converted DCP one)"
+        )
+    try:
+        return hf_model_args(initial_load_path)
+    except (ValueError, KeyError, OSError) as e:
+        raise ConfigError(f"model.flavor = 'auto': {e}") from None

@@ -1,0 +1,60 @@
+"""One optimizer step of a built run: the step the trainer trains with, bench times and the
+memory estimator tracks."""
+
+from collections.abc import Iterator
+
+import torch
+
+from torchtitan_ablate.build import Run
+from torchtitan_ablate.components.loss import num_valid_tokens
+from torchtitan_ablate.distributed import utils as dist_utils
+from torchtitan_ablate.distributed.context_parallel import place_micro_batch
+from torchtitan_ablate.distributed.float8 import float8_post_optimizer_step
+from torchtitan_ablate.distributed.fsdp import before_micro_batch
+
+
+def next_micro_batches(data_iter: Iterator, run: Run, device: torch.device) -> list[dict]:
+    """This step's micro-batches from the loader, each this rank's CP slice on the device."""
+    return [
+        place_micro_batch(next(data_iter), run.parallel_dims, device) for _ in range(run.grad_accum)
+    ]
+
+
+def train_step(run: Run, batches: list[dict]) -> dict:
+    """One optimizer step over this rank's micro-batches: loss, grad_norm (and moe_aux_loss)."""
+    model, pd = run.model, run.parallel_dims
+    loss_group = pd.loss_group()
+    device = batches[0]["input_ids"].device
+    # The loss is a sum over tokens divided by the global valid-token count, so every
+    # micro-batch and rank weighs tokens equally whatever the layout.
+    global_tokens = sum(num_valid_tokens(b["labels"]) for b in batches)
+    global_tokens = dist_utils.all_reduce_sum(global_tokens.float(), loss_group)
+    # Gradients are summed over dp*cp ranks, so the per-rank aux losses are averaged here.
+    aux_scale = 1.0 / (len(batches) * pd.dp * pd.cp)
+    model.set_moe_aux_loss_scale(aux_scale)
+    ce_total = torch.zeros((), device=device)
+    aux_total = torch.zeros((), device=device)
+    balance_bias = model.args.num_experts > 0 and model.args.moe_bias_update_rate > 0
+    load_before = model.expert_load().clone() if balance_bias else None
+    for i, batch in enumerate(batches):
+        before_micro_batch(model, run.accumulation, i, len(batches))
+        ce = run.loss_fn(model, batch) / global_tokens
+        ce.backward()
+        ce_total += ce.detach()
+        aux = model.moe_aux_loss()  # logged only: its gradient rides on each MoE output
+        if aux is not None:
+            aux_total += aux * aux_scale
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad_norm = dist_utils.clip_grad_norm_(params, run.max_norm)
+    run.optimizer.step()
+    float8_post_optimizer_step(model)
+    run.optimizer.zero_grad(set_to_none=True)
+    run.lr_scheduler.step()
+    if balance_bias:
+        # This step's global expert load, so every rank moves its bias the same way.
+        step_load = dist_utils.all_reduce_sum(model.expert_load() - load_before, loss_group)
+        model.update_expert_bias(step_load)
+    out = {"loss": ce_total, "grad_norm": grad_norm}
+    if model.args.num_experts:
+        out["moe_aux_loss"] = aux_total
+    return out
