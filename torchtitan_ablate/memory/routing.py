@@ -1,16 +1,19 @@
 """Forced MoE routing for the estimator: fake tensors have no values, so token counts are set.
 
-Under fake tensors the router's choices are unknown and every host read of a count (`.tolist()`)
-fails. Memory depends on routing only through the rows each rank receives under expert parallel
-(without EP every rank runs all T * K routed rows whatever the split). So the estimate assumes:
+Under fake tensors the router's choices are unknown and every host read of a count fails. The
+MoE layers read counts on the host in one place, the `CountReader` of experts.py; `forced_routing`
+installs a balanced one through its seam (`read_counts_with`) for its duration. Memory depends on
+routing only through expert parallel's dispatch (without EP every rank runs all T * K routed rows
+whatever the split). So the estimate assumes:
 
-- balanced routing: every expert gets T * K / E rows, every EP rank receives as many rows as it
-  sends (R = T * K);
-- with `memory_estimation.ep_imbalance = F`, the modelled rank (rank 0) is the busiest EP rank and
-  receives F * R rows (it sends R as usual).
+- balanced routing: every expert gets as many rows as every other;
+- EP's deduplicated dispatch at its upper bound: each token goes to min(K, W) ranks (S = T *
+  min(K, W) rows sent, as many received), and every rank computes T * K (row, expert) pairs;
+- with `memory_estimation.ep_imbalance = F`, the modelled rank (rank 0) is the busiest EP rank:
+  it receives F * S rows and computes F * T * K pairs (it sends S as usual).
 
-`forced_routing` patches, for its duration only, the two places that read counts on the host:
-expert parallel's dispatch plan and the per-expert loop of the experts.
+The CPU estimate is checked against real gloo ranks running under the same forced routing
+(validate.py), so both see the same shapes.
 """
 
 from collections.abc import Iterator
@@ -18,11 +21,7 @@ from contextlib import contextmanager
 
 import torch
 
-from torchtitan_ablate.distributed import expert_parallel
-from torchtitan_ablate.models.common import experts as experts_mod
-
-_orig_ep_forward = expert_parallel.ExpertParallelExperts.forward
-_orig_loop = experts_mod._loop_experts
+from torchtitan_ablate.models.common.experts import CountReader, read_counts_with
 
 
 def even_splits(total: int, parts: int) -> list[int]:
@@ -30,51 +29,27 @@ def even_splits(total: int, parts: int) -> list[int]:
     return [base + (i < extra) for i in range(parts)]
 
 
-class _HostCounts(list):
-    """Counts known on the host, standing in for the tensor the loop calls .tolist() on."""
+class BalancedCounts(CountReader):
+    """Counts of balanced routing, known on the host without reading a tensor."""
 
-    def tolist(self) -> list[int]:
-        return list(self)
+    def __init__(self, ep_imbalance: float) -> None:
+        self.ep_imbalance = ep_imbalance
 
+    def expert_splits(self, counts_E: torch.Tensor, n_rows: int) -> list[int]:
+        return even_splits(n_rows, counts_E.shape[0])
 
-def _balanced_loop(w1_EID, w2_EDI, w3_EID, x_RD, num_tokens_per_expert_E) -> torch.Tensor:
-    """The original per-expert loop with equal, host-known counts."""
-    counts = _HostCounts(even_splits(x_RD.shape[0], w1_EID.shape[0]))
-    return _orig_loop(w1_EID, w2_EDI, w3_EID, x_RD, counts)
+    def ep_splits(
+        self, send_W: torch.Tensor, recv_W: torch.Tensor, n_pairs: torch.Tensor, shape: tuple
+    ) -> tuple[list[int], list[int], int]:
+        n_tokens, top_k, n_ranks = shape
+        sent = n_tokens * min(top_k, n_ranks)
+        received = round(sent * self.ep_imbalance)
+        pairs = round(n_tokens * top_k * self.ep_imbalance)
+        return even_splits(sent, n_ranks), even_splits(received, n_ranks), pairs
 
 
 @contextmanager
 def forced_routing(ep_imbalance: float) -> Iterator[None]:
     """Balanced routing (times `ep_imbalance` rows received by this rank under EP)."""
-    state: dict[str, int] = {}
-
-    def ep_forward(self, x_RD, num_tokens_per_expert_E):
-        state["rows"] = x_RD.shape[0]
-        return _orig_ep_forward(self, x_RD, num_tokens_per_expert_E)
-
-    def plan_dispatch(counts_E, ep, group):
-        rows = state["rows"]
-        n_local = counts_E.shape[0] // ep
-        received = round(rows * ep_imbalance)
-        device = counts_E.device
-        return expert_parallel._DispatchPlan(
-            send_splits=even_splits(rows, ep),
-            recv_splits=even_splits(received, ep),
-            counts_L=torch.tensor(even_splits(received, n_local), device=device),
-            perm_N=torch.arange(received, device=device),
-        )
-
-    saved = (
-        expert_parallel._plan_dispatch,
-        expert_parallel._loop_experts,
-        experts_mod._loop_experts,
-    )
-    expert_parallel.ExpertParallelExperts.forward = ep_forward
-    expert_parallel._plan_dispatch = plan_dispatch
-    expert_parallel._loop_experts = experts_mod._loop_experts = _balanced_loop
-    try:
+    with read_counts_with(BalancedCounts(ep_imbalance)):
         yield
-    finally:
-        expert_parallel.ExpertParallelExperts.forward = _orig_ep_forward
-        expert_parallel._plan_dispatch, expert_parallel._loop_experts = saved[:2]
-        experts_mod._loop_experts = saved[2]

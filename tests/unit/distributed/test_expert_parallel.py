@@ -1,4 +1,5 @@
-"""Expert parallel vs the plain MoE layer on gloo ranks: outputs, input and expert gradients.
+"""Expert parallel vs the plain MoE layer on gloo ranks: outputs, input, router and expert
+gradients, on even and uneven routing; the dispatch sends each token once per distinct rank.
 
 Every rank builds the same seeded layer and the full batch, computes the single-process
 reference, then feeds its own slice of the batch through the EP layer. The loss is a plain sum
@@ -19,7 +20,7 @@ from torch.distributed.tensor import DTensor
 from tests.dist_utils import run_distributed
 from torchtitan_ablate.distributed.expert_parallel import apply_ep
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
-from torchtitan_ablate.models.common.experts import GroupedExperts
+from torchtitan_ablate.models.common.experts import CountReader, GroupedExperts, read_counts_with
 from torchtitan_ablate.models.common.moe import MoE
 from torchtitan_ablate.models.qwen3.args import qwen3_flavors
 from torchtitan_ablate.models.qwen3.model import Qwen3Model
@@ -28,9 +29,14 @@ pytestmark = pytest.mark.slow  # multi-process
 
 DIM, HIDDEN, EXPERTS, TOP_K, SEQ = 16, 8, 8, 2, 6
 WEIGHTS = ("w1", "w2", "w3")
-# Experts given no tokens: none, or 2 and 3 (at EP 4 these are all of rank 1's experts, so that
-# rank receives no rows at all).
-DEAD_CASES = ([], [2, 3])
+# Routing cases (one set of ranks runs them all: a spawn costs seconds):
+#   balanced     the router's own choices
+#   dead         experts 2 and 3 get no tokens (at EP 4: all of rank 1's, which receives nothing)
+#   one_rank     every token picks experts 0 and 1: its K experts on one rank; the other ranks
+#                receive nothing and experts 2-7 get no tokens
+#   rank0_local  rank 0's tokens pick experts 0 and 1: rank 0 sends nothing to the other ranks
+CASES = ("balanced", "dead", "one_rank", "rank0_local")
+STARVED = {"balanced": 0, "dead": 2, "one_rank": 6, "rank0_local": 0}
 
 
 class _OneLayer(nn.Module):
@@ -42,14 +48,20 @@ class _OneLayer(nn.Module):
         self.layers["0"].moe = moe
 
 
-def _layer_and_batch(world: int, dead_experts: list[int]) -> tuple[MoE, torch.Tensor]:
+def _layer_and_batch(world: int, case: str) -> tuple[MoE, torch.Tensor]:
     torch.manual_seed(0)
     moe = MoE(DIM, HIDDEN, EXPERTS, TOP_K, use_expert_bias=True)
     moe.init_weights(0.02)
-    with torch.no_grad():
-        # The bias moves selection only: these experts get no tokens.
-        moe.expert_bias[dead_experts] = -10.0
     x_BSD = torch.randn(2 * world, SEQ, DIM)
+    with torch.no_grad():
+        # The bias moves selection only.
+        if case == "dead":
+            moe.expert_bias[[2, 3]] = -10.0
+        elif case == "one_rank":
+            moe.expert_bias[[0, 1]] = 10.0
+        elif case == "rank0_local":
+            moe.router.gate.weight[[0, 1], 0] = 1.0
+            x_BSD[:2, :, 0] = 30.0  # rank 0's rows
     return moe, x_BSD
 
 
@@ -60,21 +72,37 @@ def _reference(moe: MoE, x_BSD: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     target = torch.linspace(-1, 1, out_BSD.numel(), device=out_BSD.device).view_as(out_BSD)
     (out_BSD * target).sum().backward()
     grads = {n: getattr(ref.experts, n).grad for n in WEIGHTS}
+    grads["router"] = ref.router.gate.weight.grad
     return out_BSD.detach(), x_BSD.grad, grads
 
 
+class _RecordingReader(CountReader):
+    """The default host read, also keeping the rows this rank sends."""
+
+    def ep_splits(self, send_W, recv_W, n_pairs, shape):
+        splits = super().ep_splits(send_W, recv_W, n_pairs, shape)
+        self.sent = sum(splits[0])
+        return splits
+
+
 def _ep_rank(efsdp: int) -> list[dict]:
-    """Both routing cases on one set of ranks (a spawn costs seconds); one dict per case."""
+    """All routing cases on one set of ranks; one dict per case."""
     world = dist.get_world_size()
     pd = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, ep=world // efsdp, world_size=world)
     pd.build_meshes("cpu")
-    return [_ep_case(pd, dead, efsdp) for dead in DEAD_CASES]
+    return [_ep_case(pd, case, efsdp) for case in CASES]
 
 
-def _ep_case(pd: ParallelDims, dead_experts: list[int], efsdp: int) -> dict:
-    """On each rank: the EP (optionally + FSDP over efsdp) layer's results against reference."""
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def _ep_case(pd: ParallelDims, case: str, efsdp: int) -> dict:
+    """On each rank: the EP (optionally + FSDP over efsdp) layer's results against reference,
+    in float64."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    moe, x_BSD = _layer_and_batch(world, dead_experts)
+    moe, x_BSD = _layer_and_batch(world, case)
+    moe, x_BSD = moe.double(), x_BSD.double()
     ref_out, ref_dx, ref_grads = _reference(moe, x_BSD)
 
     apply_ep(_OneLayer(moe), pd.mesh("ep"))
@@ -86,9 +114,19 @@ def _ep_case(pd: ParallelDims, dead_experts: list[int], efsdp: int) -> dict:
         moe.experts.set_force_sum_reduction_for_comms(True)
     rows = slice(2 * rank, 2 * rank + 2)
     x_bSD = x_BSD[rows].clone().requires_grad_()
-    out_bSD = moe(x_bSD)
+    reader = _RecordingReader()
+    with read_counts_with(reader):
+        out_bSD = moe(x_bSD)
     target = torch.linspace(-1, 1, ref_out.numel()).view_as(ref_out)[rows]
     (out_bSD * target).sum().backward()
+    router_grad = moe.router.gate.weight.grad.clone()
+    dist.all_reduce(router_grad)  # each rank holds its tokens' share
+
+    # Deduplicated dispatch: one row per (token, distinct rank of its experts).
+    with torch.no_grad():
+        _, _, experts_TK = moe.router(x_bSD.reshape(-1, DIM), moe.expert_bias)
+    dest_TK = experts_TK // (EXPERTS // pd.mesh("ep").size())
+    distinct = sum(len(set(ranks)) for ranks in dest_TK.tolist())
 
     # Re-initialising the sharded experts gives the plain layer's initial weights.
     torch.manual_seed(1)
@@ -97,18 +135,19 @@ def _ep_case(pd: ParallelDims, dead_experts: list[int], efsdp: int) -> dict:
     plain = GroupedExperts(DIM, HIDDEN, EXPERTS)
     plain.init_weights(0.02)
     init_diff = max(
-        (getattr(moe.experts, n).full_tensor() - getattr(plain, n)).abs().max().item()
+        (getattr(moe.experts, n).full_tensor().float() - getattr(plain, n)).abs().max().item()
         for n in WEIGHTS
     )
     w1 = moe.experts.w1
+    grads = {n: _rel(getattr(moe.experts, n).grad.full_tensor(), ref_grads[n]) for n in WEIGHTS}
+    grads["router"] = _rel(router_grad, ref_grads["router"])
     return {
+        "case": case,
         "init": init_diff,
-        "out": (out_bSD.detach() - ref_out[rows]).abs().max().item(),
-        "dx": (x_bSD.grad - ref_dx[rows]).abs().max().item(),
-        "grads": {
-            n: (getattr(moe.experts, n).grad.full_tensor() - ref_grads[n]).abs().max().item()
-            for n in WEIGHTS
-        },
+        "out": _rel(out_bSD.detach(), ref_out[rows]),
+        "dx": _rel(x_bSD.grad, ref_dx[rows]),
+        "grads": grads,
+        "sent": (reader.sent, distinct),
         "local_experts": w1.to_local().shape[0],
         "global_shape": tuple(w1.shape),
         "starved": sum(int(ref_grads["w1"][e].abs().sum() == 0) for e in range(EXPERTS)),
@@ -117,11 +156,13 @@ def _ep_case(pd: ParallelDims, dead_experts: list[int], efsdp: int) -> dict:
 
 def _check(results: list[list[dict]], local_experts: int) -> None:
     for per_case in results:
-        for dead, r in zip(DEAD_CASES, per_case):
+        for case, r in zip(CASES, per_case):
+            assert r["case"] == case
             assert r["out"] < 1e-5 and r["dx"] < 1e-5 and r["init"] == 0, r
             assert max(r["grads"].values()) < 1e-5, r
+            assert r["sent"][0] == r["sent"][1], r
             assert r["global_shape"][0] == EXPERTS and r["local_experts"] == local_experts
-            assert r["starved"] == len(dead)  # the zero-token case really happened
+            assert r["starved"] == STARVED[case], r  # the uneven case really happened
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -141,9 +182,9 @@ def _gpu_rank() -> list[float]:
     pd = ParallelDims(dp_replicate=1, dp_shard=2, cp=1, ep=2, world_size=2)
     pd.build_meshes("cuda")
     errors = []
-    for dead in ([], [0, 1, 2, 3]):  # the second leaves rank 0 with no rows at all
+    for case in CASES:
         with torch.device("cuda"):
-            moe, x_BSD = _layer_and_batch(2, dead)
+            moe, x_BSD = _layer_and_batch(2, case)
         moe, x_BSD = moe.to(torch.bfloat16), x_BSD.to(torch.bfloat16)
         ref_out, _, ref_grads = _reference(moe, x_BSD)
         apply_ep(_OneLayer(moe), pd.mesh("ep"))
@@ -160,7 +201,8 @@ def _gpu_rank() -> list[float]:
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
 def test_ep2_nccl_bf16_grouped_mm() -> None:
-    for errors in run_distributed(_gpu_rank, 2, backend="nccl"):
+    # spawn: the fork server's preloaded trainer has touched CUDA, which a fork cannot inherit.
+    for errors in run_distributed(_gpu_rank, 2, backend="nccl", start_method="spawn"):
         assert max(errors) < 2e-2, errors  # relative to the largest entry; bf16
 
 

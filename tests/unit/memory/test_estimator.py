@@ -160,6 +160,7 @@ INTENDED_WORLD_SIZE = {
     **dict.fromkeys(["qwen3_moe_1gpu", "qwen3_4b_float8"], 1),
     **dict.fromkeys(["qwen3_1.7b_zero2", "qwen3_8b_fsdp", "qwen3_8b_cp", "qwen3_moe_ep"], 8),
     "qwen3_30b_a3b_lora_ep": 8,
+    "qwen3_moe_ep4": 4,
     **dict.fromkeys(["qwen3_8b_hsdp", "qwen3_30b_a3b"], 16),  # 2 nodes x 8 GPUs
 }
 

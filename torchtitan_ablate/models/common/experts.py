@@ -1,19 +1,34 @@
-"""Routed experts as 3-D weights, run over tokens already sorted by expert.
+"""Routed experts as 3-D weights: the route from top-k choices to the weighted combine.
 
-`GroupedExperts.forward(x_sorted_RD, num_tokens_per_expert_E)` is the seam for expert parallel:
-dispatch (all-to-all) before it, combine after it. It picks one of two exact computations:
-`torch._grouped_mm` (one kernel for all experts; CUDA bf16) or a per-expert loop (CPU, tests).
+`GroupedExperts.route(x_TD, experts_TK, weights_TK, counts_E)` is the seam for expert parallel:
+here it sorts the (token, k) rows by expert, runs `forward` and combines the k outputs of each
+token with the router weights; `ExpertParallelExperts.route` (distributed/) moves tokens between
+ranks instead. `forward(x_sorted_RD, counts_E)` is the compute kernel over rows sorted by expert,
+one of two exact computations: `torch._grouped_mm` (one kernel for all experts; CUDA bf16) or a
+per-expert loop (CPU, tests). It stays a module call, so FSDP's hooks on the experts wrap it.
 
-Shape legend: R routed rows (tokens x top_k, sorted by expert), D model dim, I expert hidden dim,
-E experts, P padded rows.
+Host reads of token counts (the only host syncs of the MoE layers) go through `CountReader`;
+fake tensors have no counts, so the memory estimator installs its own with `read_counts_with`.
+
+Shape legend: T tokens, K top_k, R = T*K routed rows (sorted by expert), D model dim, I expert
+hidden dim, E experts, P padded rows, W ep degree.
 """
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from torchtitan_ablate.models.common.init import trunc_normal_
-from torchtitan_ablate.models.common.permute import gather_rows, scatter_rows
+from torchtitan_ablate.models.common.permute import (
+    gather_rows,
+    inverse_permutation,
+    permute_rows,
+    repeat_sorted,
+    scatter_rows,
+)
 
 # Rows per expert group are padded to this multiple for the grouped GEMM: bf16 kernels need 8
 # (16 bytes), float8 kernels 16, so 16 serves both at a cost of < E * 16 zero rows.
@@ -37,6 +52,25 @@ class GroupedExperts(nn.Module):
         # None = automatic (use_grouped_mm); tests force True/False to compare the two paths.
         self.force_grouped_mm: bool | None = None
 
+    def route(
+        self,
+        x_TD: torch.Tensor,
+        experts_TK: torch.Tensor,
+        weights_TK: torch.Tensor,
+        counts_E: torch.Tensor,
+    ) -> torch.Tensor:
+        """y_TD = sum_k weights_TK[t, k] * expert_{experts_TK[t, k]}(x_TD[t]); counts_E: int
+        assignments per expert (summing to T*K)."""
+        top_k = experts_TK.shape[1]
+        # Sort rows by expert (stable, so rows of one expert keep token order), run, unsort.
+        order_R = experts_TK.flatten().argsort(stable=True)
+        inv_R = inverse_permutation(order_R)
+        out_sorted_RD = self(repeat_sorted(x_TD, order_R, inv_R, top_k), counts_E)
+        out_RD = permute_rows(out_sorted_RD, inv_R, order_R)
+        out_TKD = out_RD.view(-1, top_k, out_RD.shape[-1])
+        w_T1K = weights_TK.to(out_TKD.dtype).unsqueeze(1)
+        return torch.bmm(w_T1K, out_TKD).squeeze(1)
+
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
         """x_RD: rows sorted by expert; num_tokens_per_expert_E: int counts summing to R."""
         grouped = self.force_grouped_mm
@@ -52,10 +86,47 @@ class GroupedExperts(nn.Module):
         trunc_normal_(self.w3, init_std)
 
 
+class CountReader:
+    """Reads MoE token counts on the host. The default reads the tensors (a device->host sync);
+    the memory estimator installs one that assumes a routing (memory/routing.py)."""
+
+    def expert_splits(self, counts_E: torch.Tensor, n_rows: int) -> list[int]:
+        """Rows per expert for the per-expert loop (a CPU path: not taken on CUDA bf16)."""
+        return counts_E.tolist()
+
+    def ep_splits(
+        self, send_W: torch.Tensor, recv_W: torch.Tensor, n_pairs: torch.Tensor, shape: tuple
+    ) -> tuple[list[int], list[int], int]:
+        """Expert parallel's one sync per layer and forward: rows sent to / received from each
+        ep rank, and the (row, local expert) pairs this rank computes. shape = (T, K, W)."""
+        values = torch.cat([send_W, recv_W, n_pairs.view(1)]).tolist()
+        n_ranks = send_W.shape[0]
+        return values[:n_ranks], values[n_ranks:-1], values[-1]
+
+
+_reader = CountReader()
+
+
+def count_reader() -> CountReader:
+    return _reader
+
+
+@contextmanager
+def read_counts_with(reader: CountReader) -> Iterator[None]:
+    """Installs `reader` for the MoE layers' host reads of token counts while the block runs.
+    The one way to change them: the memory estimator calls it, nothing else does."""
+    global _reader
+    saved, _reader = _reader, reader
+    try:
+        yield
+    finally:
+        _reader = saved
+
+
 def _loop_experts(w1_EID, w2_EDI, w3_EID, x_RD, num_tokens_per_expert_E) -> torch.Tensor:
-    # .tolist() syncs with the host; fine on CPU, and this path is not used on CUDA bf16.
+    splits = _reader.expert_splits(num_tokens_per_expert_E, x_RD.shape[0])
     out_RD = []
-    for e, x_rD in enumerate(torch.split(x_RD, num_tokens_per_expert_E.tolist(), dim=0)):
+    for e, x_rD in enumerate(torch.split(x_RD, splits, dim=0)):
         h_rI = F.silu(x_rD @ w1_EID[e].T) * (x_rD @ w3_EID[e].T)
         out_RD.append(h_rI @ w2_EDI[e].T)
     return torch.cat(out_RD, dim=0)

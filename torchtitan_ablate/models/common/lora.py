@@ -29,7 +29,12 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from torchtitan_ablate.config.job_config import LORA_TARGETS
 from torchtitan_ablate.distributed.expert_parallel import ExpertParallelExperts
-from torchtitan_ablate.models.common.experts import GroupedExperts, pad_by_expert, use_grouped_mm
+from torchtitan_ablate.models.common.experts import (
+    GroupedExperts,
+    count_reader,
+    pad_by_expert,
+    use_grouped_mm,
+)
 from torchtitan_ablate.models.common.permute import gather_rows
 
 logger = logging.getLogger("torchtitan_ablate")
@@ -181,7 +186,8 @@ def lora_experts(
         return gather_rows(proj(h_PI, "w2"), dest_R)
 
     out_RD = []
-    for e, x_rD in enumerate(torch.split(x_RD, counts_E.tolist(), dim=0)):
+    splits = count_reader().expert_splits(counts_E, x_RD.shape[0])
+    for e, x_rD in enumerate(torch.split(x_RD, splits, dim=0)):
 
         def proj_e(x: torch.Tensor, w: str, e: int = e) -> torch.Tensor:
             base, a, b = weights[w]
@@ -205,8 +211,9 @@ class LoRAExpertParallelExperts(ExpertParallelExperts):
 
 def make_ep_lora_experts(model: nn.Module) -> None:
     """Call right after apply_ep: it swapped every experts module's class to
-    ExpertParallelExperts (dispatch, local compute, combine), which would drop the adapters from
-    the compute; this keeps its dispatch and runs the local experts with their adapters."""
+    ExpertParallelExperts (route: dispatch, local compute, combine), which would drop the
+    adapters from the compute; this keeps its route and runs the local experts with their
+    adapters."""
     for block in model.layers.values():
         experts = getattr(getattr(block, "moe", None), "experts", None)
         if type(experts) is ExpertParallelExperts and hasattr(experts, "lora_a_w1"):

@@ -1,4 +1,4 @@
-"""Token-choice top-k MoE layer (Qwen3-MoE): router, sort by expert, experts, weighted combine.
+"""Token-choice top-k MoE layer (Qwen3-MoE): router, then the experts' route (experts.py).
 
 The load-balancing loss enters training through the layer's own output: `_AttachAuxLoss` returns
 the output unchanged and, in backward, hands the aux loss a gradient of `aux_loss_scale` (set by
@@ -19,11 +19,6 @@ from torch import nn
 
 from torchtitan_ablate.models.common.experts import GroupedExperts
 from torchtitan_ablate.models.common.init import trunc_normal_
-from torchtitan_ablate.models.common.permute import (
-    inverse_permutation,
-    permute_rows,
-    repeat_sorted,
-)
 
 
 class TopKRouter(nn.Module):
@@ -109,14 +104,7 @@ class MoE(nn.Module):
         aux_loss = self._aux_loss(probs_TE, counts_E) if self.aux_loss_coef > 0 else None
         self.aux_loss = None if aux_loss is None else aux_loss.detach()
 
-        # Sort rows by expert (stable, so rows of one expert keep token order), run, unsort.
-        order_R = experts_R.argsort(stable=True)
-        inv_R = inverse_permutation(order_R)
-        out_sorted_RD = self.experts(repeat_sorted(x_TD, order_R, inv_R, self.top_k), counts_E)
-        out_RD = permute_rows(out_sorted_RD, inv_R, order_R)
-        out_TKD = out_RD.view(-1, self.top_k, out_RD.shape[-1])
-        w_T1K = weights_TK.to(out_TKD.dtype).unsqueeze(1)
-        y_BSD = torch.bmm(w_T1K, out_TKD).view_as(x_BSD)
+        y_BSD = self.experts.route(x_TD, experts_TK, weights_TK, counts_E).view_as(x_BSD)
         if aux_loss is not None and torch.is_grad_enabled():
             y_BSD = _AttachAuxLoss.apply(y_BSD, aux_loss, self.aux_loss_scale)
         return y_BSD
