@@ -36,7 +36,7 @@ def run_distributed(
     world_size: int,
     *args: Any,
     backend: str = "gloo",
-    start_method: str = "forkserver",
+    start_method: str | None = None,
     num_threads: int | None = 1,
     timeout_s: float = 120.0,
 ) -> list[Any]:
@@ -45,8 +45,12 @@ def run_distributed(
     Not fork: it is unsafe once the parent has started CUDA or OpenMP threads. forkserver forks
     each rank from a clean server process that has imported torch and the trainer once, where
     spawn would import them in every rank (~4 s of CPU each: most of the suite's time on 2
-    cores). `num_threads=1` keeps N ranks from oversubscribing a small CPU box.
+    cores). NCCL ranks spawn (the default for backend "nccl"): the forkserver's preloaded trainer
+    has touched CUDA, which a forked rank cannot inherit. `num_threads=1` keeps N ranks from
+    oversubscribing a small CPU box.
     """
+    if start_method is None:
+        start_method = "spawn" if backend == "nccl" else "forkserver"
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)

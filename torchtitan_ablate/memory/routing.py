@@ -6,11 +6,10 @@ installs a balanced one through its seam (`read_counts_with`) for its duration. 
 routing only through expert parallel's dispatch (without EP every rank runs all T * K routed rows
 whatever the split). So the estimate assumes:
 
-- balanced routing: every expert gets as many rows as every other;
-- EP's deduplicated dispatch at its upper bound: each token goes to min(K, W) ranks (S = T *
-  min(K, W) rows sent, as many received), and every rank computes T * K (row, expert) pairs;
-- with `memory_estimation.ep_imbalance = F`, the modelled rank (rank 0) is the busiest EP rank:
-  it receives F * S rows and computes F * T * K pairs (it sends S as usual).
+- balanced routing: every expert gets T * K / E rows, every EP rank receives as many rows as it
+  sends (R = T * K);
+- with `memory_estimation.ep_imbalance = F`, the modelled rank (rank 0) is the busiest EP rank
+  and receives F * R rows (it sends R as usual).
 
 The CPU estimate is checked against real gloo ranks running under the same forced routing
 (validate.py), so both see the same shapes.
@@ -39,13 +38,14 @@ class BalancedCounts(CountReader):
         return even_splits(n_rows, counts_E.shape[0])
 
     def ep_splits(
-        self, send_W: torch.Tensor, recv_W: torch.Tensor, n_pairs: torch.Tensor, shape: tuple
-    ) -> tuple[list[int], list[int], int]:
-        n_tokens, top_k, n_ranks = shape
-        sent = n_tokens * min(top_k, n_ranks)
-        received = round(sent * self.ep_imbalance)
-        pairs = round(n_tokens * top_k * self.ep_imbalance)
-        return even_splits(sent, n_ranks), even_splits(received, n_ranks), pairs
+        self, send_W: torch.Tensor, recv_WL: torch.Tensor, n_rows: int
+    ) -> tuple[list[int], list[int], torch.Tensor]:
+        n_ranks, n_local = recv_WL.shape
+        blocks = even_splits(round(n_rows * self.ep_imbalance), n_ranks * n_local)
+        recv_splits = [sum(blocks[w * n_local : (w + 1) * n_local]) for w in range(n_ranks)]
+        # Made inside the fake mode: a shape-only stand-in, real on real ranks (validate.py).
+        forced_WL = torch.tensor(blocks, device=recv_WL.device).view(n_ranks, n_local)
+        return even_splits(n_rows, n_ranks), recv_splits, forced_WL
 
 
 @contextmanager

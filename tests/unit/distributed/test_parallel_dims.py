@@ -61,8 +61,6 @@ def test_meshes_built_are_the_ones_requested():
     assert run_distributed(_mesh_names, 2, None)[0] == ["dp", "dp_cp", "fsdp", "world"]
 
 
-
-
 @pytest.mark.parametrize(
     "device, use_fsdp, args, needle",
     [

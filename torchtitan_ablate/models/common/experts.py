@@ -95,13 +95,13 @@ class CountReader:
         return counts_E.tolist()
 
     def ep_splits(
-        self, send_W: torch.Tensor, recv_W: torch.Tensor, n_pairs: torch.Tensor, shape: tuple
-    ) -> tuple[list[int], list[int], int]:
-        """Expert parallel's one sync per layer and forward: rows sent to / received from each
-        ep rank, and the (row, local expert) pairs this rank computes. shape = (T, K, W)."""
-        values = torch.cat([send_W, recv_W, n_pairs.view(1)]).tolist()
-        n_ranks = send_W.shape[0]
-        return values[:n_ranks], values[n_ranks:-1], values[-1]
+        self, send_W: torch.Tensor, recv_WL: torch.Tensor, n_rows: int
+    ) -> tuple[list[int], list[int], torch.Tensor]:
+        """Expert parallel's one sync per layer and forward: rows this rank sends to / receives
+        from each ep rank, and recv_WL (rows from source rank w for local expert l) to plan the
+        received rows with. send_W: rows per destination; n_rows: rows this rank routes."""
+        send_splits, recv_splits = torch.stack([send_W, recv_WL.sum(1)]).tolist()
+        return send_splits, recv_splits, recv_WL
 
 
 _reader = CountReader()
