@@ -7,6 +7,13 @@ reference text (`scripts/config_reference.py` turns them into docs/config_refere
 from dataclasses import dataclass, field
 from typing import Literal
 
+from torchtitan_ablate.config.measure_config import (
+    MemoryEstimation,
+    Metrics,
+    Profiling,
+    Validation,
+)
+
 
 @dataclass
 class Job:
@@ -244,28 +251,6 @@ class Float8:
 
 
 @dataclass
-class Validation:
-    enable: bool = False
-    """Measure the loss on held-out data during training (logged as validation_loss)."""
-
-    dataset_path: str | None = None
-    """Held-out .txt/.jsonl file or folder of the same kind as training.dataset, read with the
-    training packing and sharding. Not needed for synthetic data (a differently seeded stream)."""
-
-    freq: int = 100
-    """Steps between validations; the last step is always validated."""
-
-    steps: int = 10
-    """Micro-batches per data-parallel rank in each validation; every validation reads the same
-    ones, so the figures of one run are comparable."""
-
-    local_batch_size: int = -1
-    """Sequences per validation micro-batch on each rank; -1 = training.local_batch_size. The
-    memory estimate covers training steps: a no-grad validation step holds no activations for
-    backward and needs less, unless its batch is many times training's."""
-
-
-@dataclass
 class Checkpoint:
     enable: bool = False
     """Save DCP checkpoints and resume from the latest one."""
@@ -324,55 +309,6 @@ class LoRA:
     )  # fmt: skip
     """Projections to adapt, by HF name: q_proj, k_proj, v_proj, o_proj (attention), gate_proj,
     up_proj, down_proj (dense MLP), experts (every routed expert's gate/up/down, per expert)."""
-
-
-@dataclass
-class Metrics:
-    log_freq: int = 10
-    """Log every this many steps (and the first and last)."""
-
-    enable_tensorboard: bool = False
-    """Also write TensorBoard events to <dump_folder>/<save_tb_folder>."""
-
-    save_tb_folder: str = "tb"
-    """TensorBoard folder inside job.dump_folder."""
-
-    peak_tflops: float = -1.0
-    """Device peak bf16 TFLOP/s for MFU; -1 = look the device up (H100/H200 989, A100 312)."""
-
-    comm_profile: bool = False
-    """Profile a short window of steps with torch.profiler and log the time shares of
-    collectives, compute and data loading (communication / CPU overhead)."""
-
-
-@dataclass
-class Profiling:
-    enable_profiling: bool = False
-    """Record a torch.profiler trace every profile_freq steps."""
-
-    save_traces_folder: str = "profile_traces"
-    """Trace folder inside job.dump_folder."""
-
-    profile_freq: int = 10
-    """Steps between traces."""
-
-
-@dataclass
-class MemoryEstimation:
-    enable: bool = False
-    """Estimate per-GPU peak memory instead of training (see estimation.py)."""
-
-    world_size: int = -1
-    """Ranks to model; -1 = NGPU * NNODES from the environment, else WORLD_SIZE, else 1."""
-
-    device_memory_gib: float = -1.0
-    """Device memory for the fits verdict; -1 = the detected GPU, else 80."""
-
-    ep_imbalance: float = 1.0
-    """Expert-parallel routing skew: the busiest rank gets this times the mean tokens."""
-
-    output: str | None = None
-    """Also write the estimate as JSON to this file."""
 
 
 @dataclass
