@@ -16,16 +16,14 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed.device_mesh import DeviceMesh
 
-from torchtitan_ablate.config import ConfigError, JobConfig
+from torchtitan_ablate.config import JobConfig
 
 
 def resolve_world_size(config: JobConfig) -> int:
     """memory_estimation.world_size, else NGPU * NNODES (as run_train.sh), else WORLD_SIZE,
     else 1."""
     n = config.memory_estimation.world_size
-    if n != -1:
-        if n < 1:
-            raise ConfigError(f"memory_estimation.world_size = {n}: must be >= 1 (or -1)")
+    if n != -1:  # the loader checked n >= 1 (config/validation.py)
         return n
     if "NGPU" in os.environ:
         return int(os.environ["NGPU"]) * int(os.environ.get("NNODES", 1))

@@ -10,6 +10,7 @@ Steady state: the optimizer state is created before tracking (one step on zero g
 the tracked step is the one every later step repeats, with Adam's moments already resident.
 """
 
+import dataclasses
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -20,7 +21,6 @@ from torchtitan_ablate.config import JobConfig
 from torchtitan_ablate.distributed.context_parallel import place_micro_batch
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.memory.tracker import MemoryTracker
-from torchtitan_ablate.models.common.experts import GroupedExperts
 from torchtitan_ablate.step import train_step
 
 
@@ -75,13 +75,11 @@ def tracked_step(
     reset_dtensor_rng()
     layout = build_layout(config, world_size, device.type)
     pd = layout.parallel_dims
+    if grouped_mm is not None:
+        layout.model_args = dataclasses.replace(layout.model_args, moe_grouped_mm=grouped_mm)
     with tensor_mode or nullcontext():
         run = build_run(config, layout, device, optimizer_device_type)
         model = run.model
-        if grouped_mm is not None:
-            for m in model.modules():
-                if isinstance(m, GroupedExperts):
-                    m.force_grouped_mm = grouped_mm
         _create_optimizer_state(model, run.optimizer)
         batches = synthetic_batches(
             config, pd, layout.model_args.vocab_size, run.grad_accum, device

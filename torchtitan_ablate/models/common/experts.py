@@ -43,14 +43,17 @@ def use_grouped_mm(x_RD: torch.Tensor) -> bool:
 class GroupedExperts(nn.Module):
     """E SwiGLU experts: w1 (gate) [E, I, D], w3 (up) [E, I, D], w2 (down) [E, D, I]."""
 
-    def __init__(self, dim: int, hidden_dim: int, num_experts: int) -> None:
+    def __init__(
+        self, dim: int, hidden_dim: int, num_experts: int, grouped_mm: bool | None = None
+    ) -> None:
         super().__init__()
         self.num_experts = num_experts
         self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
         self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
-        # None = automatic (use_grouped_mm); tests force True/False to compare the two paths.
-        self.force_grouped_mm: bool | None = None
+        # None = automatic (use_grouped_mm); True/False force one path (the estimator models
+        # CUDA's grouped GEMM on CPU; tests compare the two paths).
+        self.force_grouped_mm = grouped_mm
 
     def route(
         self,

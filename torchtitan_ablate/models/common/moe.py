@@ -71,13 +71,14 @@ class MoE(nn.Module):
         norm_topk_prob: bool = True,
         aux_loss_coef: float = 0.0,
         use_expert_bias: bool = False,
+        grouped_mm: bool | None = None,
     ) -> None:
         super().__init__()
         self.num_experts = num_experts
         self.top_k = top_k
         self.aux_loss_coef = aux_loss_coef
         self.router = TopKRouter(dim, num_experts, top_k, norm_topk_prob)
-        self.experts = GroupedExperts(dim, hidden_dim, num_experts)
+        self.experts = GroupedExperts(dim, hidden_dim, num_experts, grouped_mm)
         # Metric state, not model state: not saved in checkpoints.
         self.register_buffer("tokens_per_expert", torch.zeros(num_experts), persistent=False)
         # Learned (non-gradient) state when enabled, so checkpointed.

@@ -29,6 +29,9 @@ class Qwen3ModelArgs:
     moe_bias_update_rate: float = 0.0  # > 0: aux-loss-free expert bias (DeepSeek-V3)
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] = field(default_factory=list)
+    # Routed experts' kernel: None picks grouped GEMM on CUDA bf16, else the per-expert loop;
+    # True/False force one (the memory estimator models CUDA's grouped GEMM on CPU).
+    moe_grouped_mm: bool | None = None
 
     def __post_init__(self) -> None:
         if self.attn_backend not in ATTN_BACKENDS:

@@ -70,6 +70,7 @@ class TransformerBlock(nn.Module):
                 norm_topk_prob=args.norm_topk_prob,
                 aux_loss_coef=args.moe_aux_loss_coef,
                 use_expert_bias=args.moe_bias_update_rate > 0,
+                grouped_mm=args.moe_grouped_mm,
             )
         else:
             self.feed_forward = FeedForward(args.dim, args.hidden_dim)
