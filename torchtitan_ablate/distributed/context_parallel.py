@@ -29,12 +29,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
+from torchtitan_ablate.models.common.attention import dense_kernel
 
 # Batch entries laid out [B, S] along the sequence; anything else passes through unsharded.
 CP_SHARDED_KEYS = ("input_ids", "labels", "positions", "document_ids")
@@ -196,7 +196,7 @@ def cp_attention(
             q_BHLK, k_BJSK, v_BJSK, block_mask=mask.block_mask, enable_gqa=True
         )
     else:
-        out_BHLK = F.scaled_dot_product_attention(
+        out_BHLK = dense_kernel()(
             q_BHLK, k_BJSK, v_BJSK, attn_mask=mask.dense_B1LS, enable_gqa=True
         )
     return out_BHLK.transpose(1, 2)

@@ -17,9 +17,8 @@ calls forward, which here is:
     combine   undo the permutation, all-to-all back with the splits reversed
 
 A deduplicated dispatch (each token sent once per destination rank, not once per expert, then
-expanded and summed on the receiver) halves the bytes moved but measured slower per layer on
-4 H200s (docs/LOG.md, 2026-11-27): the receiver's expansion and sums cost more than the saved
-transfer.
+expanded and summed on the receiver) moves 2.2x fewer rows but ran 29% slower per step on 4 H200s
+(docs/LOG.md, 2026-11-27): the receiver's expansion and sums cost more than the saved transfer.
 
 Gradients: the trainer's loss on each rank is its local sum / the global token count and FSDP
 sums gradients, so the expert gradient that the backward all-to-all delivers (the contributions

@@ -12,8 +12,8 @@ Each adjustment is listed (with its reason) in docs/memory_estimation.md:
 4. attention: CUDA's cuDNN / flash / FlexAttention kernels save only q, k, v, out and the
    log-sum-exp (float32 [B, H, S]) for backward, plus the additive bias when a dense mask is
    given (SDPA turns a bool mask into a bias of the query dtype for cuDNN / efficient
-   attention); their backward holds a float32 dq accumulator. `cuda_attention` replaces
-   F.scaled_dot_product_attention by a stand-in with exactly those tensors. For the kernels
+   attention); their backward holds a float32 dq accumulator. `cuda_attention` installs, through
+   attention.py's `dense_kernel_with`, a stand-in with exactly those tensors. For the kernels
    that take GQA and document masks natively (flex, the CUDA choice of attn_backend "auto";
    varlen; flash) K/V stay at kv heads and no dense mask exists.
 5. caching allocator: every block is rounded up to 512 bytes (`ROUND_BYTES`).
@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
+
+from torchtitan_ablate.models.common.attention import DenseKernel, dense_kernel_with
 
 ROUND_BYTES = 512  # CUDACachingAllocator: kMinBlockSize, and every size is a multiple of it
 CONTEXT_GIB_SINGLE = 0.5  # CUDA context + cuBLAS/cuDNN workspaces on an H100 (torch 2.x)
@@ -57,35 +58,24 @@ class _FusedAttention(torch.autograd.Function):
         return dq_BHLK, torch.empty_like(k_BJSK), torch.empty_like(v_BJSK), None
 
 
-_native_kernel = False  # set by cuda_attention(native_kernel=True)
+class _FusedKernelStandIn(DenseKernel):
+    """Dense attention as CUDA's fused kernels run it, shapes only (attention.py's seam)."""
 
+    def __init__(self, native_gqa_and_documents: bool) -> None:
+        self.native_gqa_and_documents = native_gqa_and_documents
 
-def _fused_sdpa(
-    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
-):
-    return _FusedAttention.apply(query, key, value, None if _native_kernel else attn_mask)
+    def __call__(self, q, k, v, attn_mask=None, is_causal=False, enable_gqa=False):
+        mask = None if self.native_gqa_and_documents else attn_mask
+        return _FusedAttention.apply(q, k, v, mask)
 
 
 @contextmanager
 def cuda_attention(native_kernel: bool) -> Iterator[None]:
-    """Routes F.scaled_dot_product_attention (sdpa backend and CP attention) to the stand-in.
+    """Runs the sdpa backend and CP attention through the fused-kernel stand-in.
 
     native_kernel: the modelled kernel (flex, varlen, flash) takes K/V at their own head count
     and packed-document masks as a block mask or cu_seqlens. Then the sdpa path's repeat of K/V
     to the query heads (done for cuDNN) is skipped, and no [B, 1, S, S] document mask is built
     or saved per layer (3.7 GiB for Qwen3-0.6B at batch 4 x 4096)."""
-    global _native_kernel
-    from torchtitan_ablate.models.common import attention
-
-    orig = F.scaled_dot_product_attention, attention._repeat_kv, attention._dense_document_mask
-    F.scaled_dot_product_attention = _fused_sdpa
-    if native_kernel:
-        _native_kernel = True
-        attention._repeat_kv = lambda q, k, v: (q, k, v)
-        # Shape-only: the stand-in never reads the mask.
-        attention._dense_document_mask = lambda doc_BS: doc_BS.new_ones((1, 1, 1, 1), dtype=bool)
-    try:
+    with dense_kernel_with(_FusedKernelStandIn(native_kernel)):
         yield
-    finally:
-        _native_kernel = False
-        F.scaled_dot_product_attention, attention._repeat_kv, attention._dense_document_mask = orig

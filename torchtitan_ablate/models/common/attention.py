@@ -10,6 +10,8 @@ N documents in the whole batch.
 
 import functools
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +46,42 @@ FLASH_MISSING = (
 )
 
 
+class DenseKernel:
+    """The dense attention call behind the sdpa backend and context-parallel attention:
+    F.scaled_dot_product_attention on [B, heads, S, K] inputs.
+
+    The seam for the memory estimator, which installs a stand-in holding only what CUDA's fused
+    kernels save (memory/cuda_model.py) through `dense_kernel_with`; nothing else replaces it.
+    `native_gqa_and_documents`: the kernel takes K/V at their own head count and packed
+    documents without a dense mask (as flex, varlen and flash do), so neither the repeat of K/V
+    to the query heads nor the [B, 1, S, S] document mask is built for it."""
+
+    native_gqa_and_documents = False
+
+    def __call__(self, q, k, v, attn_mask=None, is_causal=False, enable_gqa=False):
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa
+        )
+
+
+_dense_kernel = DenseKernel()
+
+
+def dense_kernel() -> DenseKernel:
+    return _dense_kernel
+
+
+@contextmanager
+def dense_kernel_with(kernel: DenseKernel) -> Iterator[None]:
+    """Runs dense attention through `kernel` for the duration (the memory estimator's seam)."""
+    global _dense_kernel
+    saved, _dense_kernel = _dense_kernel, kernel
+    try:
+        yield
+    finally:
+        _dense_kernel = saved
+
+
 @dataclass
 class AttentionMask:
     """Everything besides q/k/v that one forward's attention needs; built once, used per layer."""
@@ -67,6 +105,10 @@ def build_attention_mask(
     if backend == "sdpa":
         if document_ids_BS is None:
             return AttentionMask(backend)  # is_causal=True, no mask tensor
+        if _dense_kernel.native_gqa_and_documents:  # the mask is never read: shape only
+            return AttentionMask(
+                backend, dense_B1SS=document_ids_BS.new_ones((1, 1, 1, 1), dtype=bool)
+            )
         return AttentionMask(backend, dense_B1SS=_dense_document_mask(document_ids_BS))
     if backend == "flex":
         if document_ids_BS is None:
@@ -114,13 +156,16 @@ def _dense_document_mask(document_ids_BS: torch.Tensor) -> torch.Tensor:
 def _sdpa(q_BSHK, k_BSJK, v_BSJK, dense_B1SS: torch.Tensor | None) -> torch.Tensor:
     # K/V are repeated to H heads rather than passing enable_gqa=True: the cuDNN kernel (fastest on
     # Hopper) does not take GQA inputs, and SDPA would silently pick a slower kernel.
-    q_BHSK, k_BHSK, v_BHSK = (t.transpose(1, 2) for t in _repeat_kv(q_BSHK, k_BSJK, v_BSJK))
+    kernel = _dense_kernel
+    if not kernel.native_gqa_and_documents:
+        q_BSHK, k_BSJK, v_BSJK = _repeat_kv(q_BSHK, k_BSJK, v_BSJK)
+    q_BHSK, k_BHSK, v_BHSK = (t.transpose(1, 2) for t in (q_BSHK, k_BSJK, v_BSJK))
     kwargs = {"is_causal": True} if dense_B1SS is None else {"attn_mask": dense_B1SS}
     if q_BHSK.is_cuda:
         with sdpa_kernel(SDPA_CUDA_PRIORITY, set_priority=True):
-            out_BHSK = F.scaled_dot_product_attention(q_BHSK, k_BHSK, v_BHSK, **kwargs)
+            out_BHSK = kernel(q_BHSK, k_BHSK, v_BHSK, **kwargs)
     else:
-        out_BHSK = F.scaled_dot_product_attention(q_BHSK, k_BHSK, v_BHSK, **kwargs)
+        out_BHSK = kernel(q_BHSK, k_BHSK, v_BHSK, **kwargs)
     return out_BHSK.transpose(1, 2)
 
 
