@@ -11,7 +11,6 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed.device_mesh import DeviceMesh
@@ -49,25 +48,20 @@ def fake_world(world_size: int) -> Iterator[None]:
 def fake_tensors() -> Iterator[FakeTensorMode]:
     """Every tensor made inside is metadata only; real inputs (mesh tensors) are allowed.
 
-    Weight values do not matter here, so nn.init.trunc_normal_ (a rejection loop that reads
-    values on the host, which fake tensors cannot) is a no-op inside. DeviceMeshes made inside
-    (FSDP concatenates the experts' meshes) compute their coordinates on real rank tensors.
+    Weight values do not matter here (models/common/init.py draws none for fake tensors).
+    DeviceMeshes made inside (FSDP concatenates the experts' meshes) compute their coordinates
+    on real rank tensors: torch's DeviceMesh takes no tensor mode, so its constructor is
+    wrapped for the duration (the one patch left, of torch itself, not of this package).
     """
-    orig_init, orig_mesh_init = torch.nn.init.trunc_normal_, DeviceMesh.__init__
+    orig_mesh_init = DeviceMesh.__init__
 
     def mesh_init(self, *args, **kwargs) -> None:
         with unset_fake_temporarily():
             orig_mesh_init(self, *args, **kwargs)
 
-    torch.nn.init.trunc_normal_ = _keep
     DeviceMesh.__init__ = mesh_init
     try:
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
             yield mode
     finally:
-        torch.nn.init.trunc_normal_ = orig_init
         DeviceMesh.__init__ = orig_mesh_init
-
-
-def _keep(tensor: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    return tensor
