@@ -5,6 +5,11 @@
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT  multi-node torchrun rendezvous
 set -euo pipefail
 cd "$(dirname "$0")"
+for arg in "$@"; do  # help needs only the package's config code: no environment, no torch
+  if [ "$arg" = "--help" ] || [ "$arg" = "-h" ]; then
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m torchtitan_ablate.config.help "$@"
+  fi
+done
 source scripts/setup_env.sh
 
 CONFIG_FILE=${CONFIG_FILE:-train_configs/debug_model.toml}

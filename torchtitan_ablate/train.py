@@ -9,8 +9,14 @@ import gc
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
+
+if __name__ == "__main__":  # --help answers before the seconds of torch imports below
+    from torchtitan_ablate.config.help import exit_if_help
+
+    exit_if_help(sys.argv[1:], "python -m torchtitan_ablate.train")
 
 # Before the first CUDA allocation: growable segments instead of fixed blocks, so a run near the
 # memory limit (Qwen3-4B with AdamW on one 80 GB GPU) does not stall on fragmentation retries.
