@@ -1,0 +1,182 @@
+"""Sample text from a checkpoint: a training (DCP) checkpoint or a Hugging Face folder.
+
+    python scripts/generate.py outputs/debug_model/checkpoint/step-50 --prompt "Once upon a time"
+    python scripts/generate.py ~/hf/Qwen3-0.6B --prompt "The capital of France is" \\
+        --temperature 0.7 --top-p 0.9 --seed 1 --device cuda
+
+CHECKPOINT  a DCP folder written by training (`<dump_folder>/checkpoint/step-N`; only the model
+            entries are read, LoRA adapters are merged) or by convert_checkpoint.py --to dcp, or
+            an HF folder (config.json + *.safetensors).
+Model sizes: an HF folder's config.json; for DCP, --config, else the run's config.toml next to
+            the checkpoint (`<dump_folder>/config.toml`), else a config.json inside CHECKPOINT.
+Tokenizer:  --tokenizer, else model.tokenizer_path of that config.toml, else the tokenizer files
+            inside CHECKPOINT (an HF folder's tokenizer.json).
+Decoding:   greedy by default; --temperature T > 0 samples, --top-p P keeps the smallest set of
+            most likely tokens whose probability reaches P, --seed repeats a draw. Stops at the
+            tokenizer's end-of-text token or after --max-new-tokens. The text goes to stdout,
+            the speed to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+# A sibling script: Python runs a script with its own folder first on the import path.
+from convert_checkpoint import read_dcp_model
+
+from torchtitan_ablate.components.hf_checkpoint import load_hf_weights
+from torchtitan_ablate.components.tokenizer import Tokenizer, build_tokenizer
+from torchtitan_ablate.config import ConfigError, JobConfig, load_config
+from torchtitan_ablate.models.common.lora import merge_lora_state_dict
+from torchtitan_ablate.models.qwen3 import Qwen3Model, Qwen3ModelArgs
+from torchtitan_ablate.models.qwen3.generate import generate
+from torchtitan_ablate.models.qwen3.sizes import build_model_args, hf_model_args
+
+
+def find_run_toml(dcp_dir: Path) -> Path | None:
+    """The config.toml of the run that wrote dcp_dir (its dump folder, two levels up from a
+    step-N folder; up to three levels are searched, as convert_checkpoint does)."""
+    for parent in [dcp_dir, *list(dcp_dir.resolve().parents)[:3]]:
+        if (parent / "config.toml").is_file():
+            return parent / "config.toml"
+    return None
+
+
+def dcp_sizes(dcp_dir: Path, config: Path | None) -> tuple[Qwen3ModelArgs, JobConfig | None]:
+    """Model sizes of a DCP checkpoint and the run's config (None when sizes come from a
+    config.json): the same path from [model] to sizes as training takes."""
+    toml = config or find_run_toml(dcp_dir)
+    if toml is not None:
+        job = load_config(["--job.config_file", str(toml)])
+        args = build_model_args(job.model, job.training.seq_len, job.checkpoint.initial_load_path)
+        return args, job
+    if (dcp_dir / "config.json").is_file():
+        return hf_model_args(dcp_dir), None
+    raise ValueError(
+        f"cannot tell the model sizes of {dcp_dir}: pass --config (the run's config.toml), or "
+        "keep config.toml in the run's dump folder"
+    )
+
+
+def empty_model(args: Qwen3ModelArgs, device: torch.device) -> Qwen3Model:
+    """The model on `device`, initialized (RoPE tables included) before its weights are read."""
+    with torch.device("meta"):
+        model = Qwen3Model(args)
+    model.to_empty(device=device)
+    model.init_weights(buffer_device=device)
+    return model
+
+
+def load_model(
+    checkpoint: Path, config: Path | None, device: torch.device
+) -> tuple[Qwen3Model, JobConfig | None]:
+    """The model of a DCP or HF folder (float32, eval mode) and the run's config if known."""
+    if not checkpoint.is_dir():
+        raise ValueError(f"{checkpoint}: no such folder (give a checkpoint/step-N or HF folder)")
+    if (checkpoint / ".metadata").is_file():
+        args, job = dcp_sizes(checkpoint, config)
+        with warnings.catch_warnings():
+            # One process by design (no_dist=True); DCP still warns about it on every call.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            state = read_dcp_model(checkpoint, args)
+        if any(".lora_" in k for k in state):
+            if job is None:
+                raise ValueError(f"{checkpoint} holds LoRA adapters: pass --config for [lora]")
+            state = merge_lora_state_dict(state, job.lora.alpha)
+        if args.tie_embeddings:
+            state["output.weight"] = state["tok_embeddings.weight"]
+        model = empty_model(args, device)
+        model.load_state_dict(state)
+    elif (checkpoint / "config.json").is_file():
+        if config is not None:
+            print("generate: warning: --config has no effect on an HF folder", file=sys.stderr)
+        job = None
+        model = empty_model(hf_model_args(checkpoint), device)
+        load_hf_weights(model.state_dict(), checkpoint)  # fills the parameters in place
+    else:
+        raise ValueError(
+            f"{checkpoint} is neither a DCP checkpoint (no .metadata) nor an HF folder (no "
+            "config.json)"
+        )
+    return model.eval(), job
+
+
+def load_tokenizer(path: str | None, checkpoint: Path, job: JobConfig | None) -> Tokenizer:
+    if path is None:
+        path = job.model.tokenizer_path if job is not None else str(checkpoint)
+    try:
+        return build_tokenizer(path)
+    except ConfigError as e:
+        raise ValueError(f"tokenizer {path!r} (set it with --tokenizer): {e}") from None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("checkpoint", type=Path, help="DCP step-N folder or HF folder")
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus size, in (0, 1]")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling draws")
+    p.add_argument("--tokenizer", help="tokenizer path (as model.tokenizer_path)")
+    p.add_argument("--config", type=Path, help="the run's config.toml (sizes of a DCP folder)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    a = p.parse_args(argv)
+    if a.max_new_tokens < 1:
+        p.error(f"--max-new-tokens {a.max_new_tokens}: at least 1")
+    if not a.temperature >= 0:
+        p.error(f"--temperature {a.temperature:g}: 0 (greedy) or more")
+    if not 0 < a.top_p <= 1:
+        p.error(f"--top-p {a.top_p:g}: in (0, 1]")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is available here")
+    return a
+
+
+def run(a: argparse.Namespace) -> str:
+    """Loads, generates and returns the prompt with its continuation."""
+    model, job = load_model(a.checkpoint, a.config, torch.device(a.device))
+    model.to(getattr(torch, a.dtype))
+    tokenizer = load_tokenizer(a.tokenizer, a.checkpoint, job)
+    if tokenizer.vocab_size > model.args.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens, the model {model.args.vocab_size}: "
+            "pass the run's tokenizer with --tokenizer"
+        )
+    prompt_ids = tokenizer.encode(a.prompt)
+    if not prompt_ids:
+        raise ValueError("--prompt is empty: give some text to continue")
+    prompt_1L = torch.tensor([prompt_ids], device=a.device)
+    start = time.perf_counter()
+    new_1N = generate(model, prompt_1L, a.max_new_tokens, a.temperature, a.top_p,
+                      tokenizer.eos_id, a.seed)  # fmt: skip
+    seconds = time.perf_counter() - start
+    new_ids = new_1N[0].tolist()
+    if tokenizer.eos_id in new_ids:
+        new_ids = new_ids[: new_ids.index(tokenizer.eos_id)]
+    rate = new_1N.shape[1] / seconds
+    print(f"{new_1N.shape[1]} tokens in {seconds:.2f} s ({rate:.1f} tokens/s)", file=sys.stderr)
+    # Decoded together: a BPE token may span the prompt's end.
+    return tokenizer.decode(prompt_ids + new_ids)
+
+
+def main(argv: list[str] | None = None) -> str:
+    a = parse_args(argv)
+    try:
+        text = run(a)
+    except (ValueError, OSError) as e:  # unreadable or mismatching inputs (ConfigError too)
+        print(f"generate: error: {str(e).splitlines()[0][:500]}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
