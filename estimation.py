@@ -1,9 +1,10 @@
 """Per-GPU peak-memory estimate without a GPU: `python estimation.py --job.config_file X`
 [--memory_estimation.world_size N] [--memory_estimation.device_memory_gib G]
-[--memory_estimation.output estimate.json] [any --section.key value]."""
+[--memory_estimation.output estimate.json] [any --section.key value].
 
-from torchtitan_ablate.config import run_main
-from torchtitan_ablate.memory import estimate_main
+The same as the installed command `ttablate-estimate` (torchtitan_ablate/cli.py)."""
+
+from torchtitan_ablate.cli import estimate
 
 if __name__ == "__main__":
-    run_main(estimate_main)
+    estimate()

@@ -24,7 +24,12 @@ MASTER_PORT=${MASTER_PORT:-29500}
 if [ "$NGPU" = "1" ] && [ "$NNODES" = "1" ]; then
   exec "$PYTHON" -m torchtitan_ablate.train --job.config_file "$CONFIG_FILE" "$@"
 fi
-exec "$PYTHON" -m torch.distributed.run \
+# torchtitan_ablate.launch is torchrun plus one-line errors from every rank (LOG_RANK picks the
+# ranks whose output is shown) and the config checked before any worker starts. On SIGTERM
+# torchrun forwards the signal; the workers stop at the next step and save a checkpoint, with
+# this many seconds before torchrun kills them (torch's default, 30, is short for a large save).
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-300}
+exec "$PYTHON" -m torchtitan_ablate.launch \
   --nproc_per_node="$NGPU" --nnodes="$NNODES" --node_rank="$NODE_RANK" \
   --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" \
   --local-ranks-filter="${LOG_RANK:-0}" --role=rank --tee=3 \

@@ -23,9 +23,9 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -125,7 +125,10 @@ def read_dcp_model(dcp_dir: Path, args: Qwen3ModelArgs) -> dict[str, torch.Tenso
             f"{dcp_dir} is not a DCP checkpoint (no .metadata): give a "
             "<dump_folder>/checkpoint/step-N folder or one written by --to dcp"
         )
-    metadata = dcp.FileSystemReader(str(dcp_dir)).read_metadata()
+    try:
+        metadata = dcp.FileSystemReader(str(dcp_dir)).read_metadata()
+    except Exception as e:  # a cut-off or overwritten .metadata: any unpickling error
+        raise ValueError(f"{dcp_dir}/.metadata is damaged ({type(e).__name__}: {e})") from None
     tensors = {
         k: tuple(m.size)
         for k, m in metadata.state_dict_metadata.items()
@@ -140,10 +143,25 @@ def read_dcp_model(dcp_dir: Path, args: Qwen3ModelArgs) -> dict[str, torch.Tenso
         adapter = LORA_ADAPTER_KEY.search(key) is not None
         if isinstance(meta, TensorStorageMetadata) and (key in expected or adapter):
             state[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
-    dcp.load(state, checkpoint_id=str(dcp_dir), no_dist=True)
+    try:
+        dcp.load(state, checkpoint_id=str(dcp_dir), no_dist=True)
+    except (Exception, dcp.CheckpointException) as e:  # the latter is a BaseException
+        raise ValueError(
+            f"{dcp_dir} is damaged: its tensors cannot be read ({_first_error(e)}); convert "
+            "another step"
+        ) from None
     if args.tie_embeddings:
         state.pop("output.weight", None)
     return state
+
+
+def _first_error(e: BaseException) -> str:
+    """The underlying error of DCP's CheckpointException (which wraps each rank's)."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        e = next(iter(failures.values()))[0]
+    first = str(e).strip().split(". ")[0].splitlines()[0][:200] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 def to_hf(dcp_dir: Path, out_dir: Path, flavor: str | None, dtype: str | None,
@@ -190,7 +208,9 @@ def write_folder(out: Path, write: Callable[[Path], list[str]]) -> list[str]:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out} exists and is not an empty folder: give a new output folder")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    # Not tempfile.mkdtemp: its folder is mode 0700, and the rename below would keep that.
+    tmp = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    tmp.mkdir()  # the umask's mode, like any folder the user makes
     try:
         files = write(tmp)
         os.replace(tmp, out)  # rename(2) may replace an empty folder

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 import torch
 
 from torchtitan_ablate.build import Run
+from torchtitan_ablate.components.finite import nonfinite_step_values
 from torchtitan_ablate.components.loss import num_valid_tokens
 from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.distributed.context_parallel import place_micro_batch
@@ -20,8 +21,13 @@ def next_micro_batches(data_iter: Iterator, run: Run, device: torch.device) -> l
     ]
 
 
-def train_step(run: Run, batches: list[dict]) -> dict:
-    """One optimizer step over this rank's micro-batches: loss, grad_norm (and moe_aux_loss)."""
+def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> dict:
+    """One optimizer step over this rank's micro-batches: loss, grad_norm (and moe_aux_loss).
+
+    guard_nonfinite (the trainer's): a step whose global loss or gradient norm is NaN/Inf does
+    not update the weights, the optimizer state or the expert bias; out["nonfinite"] says which
+    value it was (None when finite), alike on every rank. Costs a scalar all-reduce and a host
+    sync per step, so bench and the memory estimator (fake tensors) leave it off."""
     model, pd = run.model, run.parallel_dims
     loss_group = pd.loss_group()
     device = batches[0]["input_ids"].device
@@ -46,15 +52,21 @@ def train_step(run: Run, batches: list[dict]) -> dict:
             aux_total += aux * aux_scale
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = dist_utils.clip_grad_norm_(params, run.max_norm)
-    run.optimizer.step()
-    float8_post_optimizer_step(model)
+    nonfinite = None
+    if guard_nonfinite:
+        loss = dist_utils.all_reduce_sum(ce_total.clone(), loss_group)
+        nonfinite = nonfinite_step_values(loss, grad_norm)
+    if nonfinite is None:
+        run.optimizer.step()
+        float8_post_optimizer_step(model)
     run.optimizer.zero_grad(set_to_none=True)
+    # The schedule follows the step number, updated or not (a resume restores only the step).
     run.lr_scheduler.step()
-    if balance_bias:
+    if balance_bias and nonfinite is None:
         # This step's global expert load, so every rank moves its bias the same way.
         step_load = dist_utils.all_reduce_sum(model.expert_load() - load_before, loss_group)
         model.update_expert_bias(step_load)
-    out = {"loss": ce_total, "grad_norm": grad_norm}
+    out = {"loss": ce_total, "grad_norm": grad_norm, "nonfinite": nonfinite}
     if model.args.num_experts:
         out["moe_aux_loss"] = aux_total
     return out

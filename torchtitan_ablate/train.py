@@ -27,22 +27,28 @@ import torch  # noqa: E402
 from torchtitan_ablate.build import build_data, build_layout, build_run
 from torchtitan_ablate.components.checkpoint import CheckpointManager
 from torchtitan_ablate.components.data import state_same_on_every_rank
+from torchtitan_ablate.components.finite import NonFiniteError
 from torchtitan_ablate.components.metrics import MetricsLogger
 from torchtitan_ablate.components.profiling import CommProfiler
+from torchtitan_ablate.components.run_settings import run_settings
 from torchtitan_ablate.components.trace_profiler import TraceProfiler
 from torchtitan_ablate.components.validate import Validator
-from torchtitan_ablate.config import JobConfig, run_main, write_config
+from torchtitan_ablate.config import JobConfig, check_dump_folder, run_main, write_config
+from torchtitan_ablate.config.errors import report
 from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.step import next_micro_batches, train_step
 
 logger = logging.getLogger("torchtitan_ablate")
+
+EXIT_NONFINITE = 3  # training stopped on a NaN/Inf (2 is a config error)
 
 
 class Trainer:
     def __init__(self, config: JobConfig) -> None:
         self.config = config
         self.device = dist_utils.pick_device(config.training.device)
-        world_size = dist_utils.init_distributed(self.device)
+        check_dump_folder(config.job.dump_folder)  # every rank: all stop with the same line
+        world_size = dist_utils.init_distributed(self.device, config.comm.init_timeout_seconds)
         layout = build_layout(config, world_size, self.device.type)
         pd = self.parallel_dims = layout.parallel_dims
         self.model_args, self.grad_accum = layout.model_args, layout.grad_accum
@@ -80,6 +86,9 @@ class Trainer:
             initial_load_format=config.checkpoint.initial_load_format,
             load_step=config.checkpoint.load_step,
             training_steps=config.training.steps,
+            settings=run_settings(
+                config, config.training.local_batch_size * pd.dp * self.grad_accum
+            ),
             dataloader_state_shared=state_same_on_every_rank(
                 config.training.data_sharding, config.training.num_workers
             ),
@@ -103,6 +112,7 @@ class Trainer:
             config.profiling, config.job.dump_folder, rank, self.device
         )
         self.step = 0
+        self.nonfinite_in_a_row = 0
         self.stop_requested = False
         n_params = sum(p.numel() for p in model.parameters())
         n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -121,18 +131,20 @@ class Trainer:
         return batches, time.perf_counter() - start
 
     def train_step(self, batches: list[dict]) -> dict:
-        return train_step(self.run, batches)
+        return train_step(self.run, batches, guard_nonfinite=True)
 
     def train(self) -> list[dict]:
         config = self.config
         self.step = self.checkpointer.load()
         if self.step:
             logger.info(f"resumed from step {self.step}")
+        self.metrics.open(resumed_step=self.step)
         signal.signal(signal.SIGTERM, self._on_sigterm)
         gc.disable()
         data_iter = iter(self.dataloader)
         records = []
         last = config.training.steps
+        first = self.step + 1
         while self.step < last:
             self.step += 1
             if self.step % config.training.gc_freq == 0:
@@ -140,6 +152,7 @@ class Trainer:
             batches, data_time = self.next_batches(data_iter)
             lr = self.lr_scheduler.get_last_lr()[0]
             out = self.train_step(batches)
+            self._count_nonfinite(out["nonfinite"])  # raises NonFiniteError past the limit
             self.comm_profiler.step(self.step)
             self.trace_profiler.step(self.step)
             self.metrics.add_tokens(sum(b["input_ids"].numel() for b in batches), data_time)
@@ -152,14 +165,17 @@ class Trainer:
                     values["validation_loss"] = self.validator.run(self.model, self.loss_fn)
                     self.metrics.exclude_time(time.perf_counter() - start)
                 records.append(self.metrics.log(self.step, values))
-            # Agreeing on a SIGTERM costs a collective and a host sync: only on log steps,
-            # where the metrics sync anyway (a stop comes at most log_freq steps late).
-            sigterm = log_now and self._stop_requested_anywhere()
+            # Every step, so a SIGTERM stops the run at the next step boundary whatever
+            # log_freq: one scalar all-reduce (the non-finite check syncs every step anyway).
+            sigterm = self._stop_requested_anywhere()
             stop = self.step == config.training.exit_at_step or sigterm
-            self.checkpointer.save(self.step, force=self.step == last or stop)
+            saved = self.checkpointer.save(self.step, force=self.step == last or stop)
+            if self.step == first:  # start-up is over: a stalled rank now fails the others sooner
+                dist_utils.set_timeout(config.comm.train_timeout_seconds)
             if stop and self.step < last:
-                saved = "checkpoint saved" if config.checkpoint.enable else "checkpointing is off"
-                logger.info(f"stopping at step {self.step} ({saved})")
+                why = "SIGTERM" if sigterm else "training.exit_at_step"
+                what = "checkpoint saved" if saved else "checkpointing is off: nothing saved"
+                logger.info(f"stopping at step {self.step} ({why}; {what})")
                 break
         gc.enable()
         self.comm_profiler.close()
@@ -184,6 +200,28 @@ class Trainer:
             values["expert_load_max_over_mean"] = [round(x, 3) for x in per_layer.tolist()]
         return values
 
+    def _count_nonfinite(self, nonfinite: str | None) -> None:
+        """Stops at the first non-finite step, or past training.skip_nonfinite_steps of them in
+        a row (train_step skipped their updates). All ranks agree: the values are global."""
+        if nonfinite is None:
+            self.nonfinite_in_a_row = 0
+            return
+        self.nonfinite_in_a_row += 1
+        limit = self.config.training.skip_nonfinite_steps
+        if self.nonfinite_in_a_row <= limit:
+            logger.warning(
+                f"step {self.step}: non-finite {nonfinite}: optimizer step skipped "
+                f"({self.nonfinite_in_a_row} of training.skip_nonfinite_steps = {limit} in a row)"
+            )
+            return
+        in_a_row = f" ({self.nonfinite_in_a_row} steps in a row)" if limit else ""
+        saved = self.checkpointer.complete_steps() if self.config.checkpoint.enable else []
+        newest = f"step-{saved[-1]}" if saved else "none"
+        raise NonFiniteError(
+            f"step {self.step}: non-finite {nonfinite}{in_a_row}: training stopped, nothing "
+            f"saved at this step (newest checkpoint: {newest})"
+        )
+
     def _stop_requested_anywhere(self) -> bool:
         """Whether any rank got SIGTERM: all ranks must stop (and save) at the same step."""
         if self.parallel_dims.world_size == 1:
@@ -192,7 +230,7 @@ class Trainer:
         return bool(dist_utils.all_reduce_max(flag, torch.distributed.group.WORLD).item())
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
-        logger.info("SIGTERM: saving a checkpoint at the end of this step")
+        logger.warning("SIGTERM: stopping at the end of this step, with every rank")
         self.stop_requested = True
 
 
@@ -208,6 +246,11 @@ def main(config: JobConfig) -> list[dict]:
         return estimate_main(config)
     try:
         return Trainer(config).train()
+    except NonFiniteError as e:
+        # One line and its own exit code, on every rank alike (all ranks agree on the values);
+        # report() also leaves it for the multi-process launcher.
+        report(f"error: {e}")
+        raise SystemExit(EXIT_NONFINITE) from None
     finally:
         dist_utils.destroy_distributed()
 

@@ -4,6 +4,12 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from torchtitan_ablate.ablate.spec import cli_arg
+
+# Layout values that the header states as run (after every override), in this order.
+AS_RUN = (("flavor", "model {}"), ("seq_len", "seq_len {}"), ("steps", "{} steps"),
+          ("global_batch_size", "global batch {} sequences"))  # fmt: skip
+
 
 def _num(value: Any, fmt: str = ".2f") -> str:
     return "n/a" if value is None else format(value, fmt)
@@ -58,6 +64,38 @@ def results_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _codes(items: list[str]) -> str:
+    return ", ".join(f"`{x}`" for x in items)
+
+
+def header(plan: dict) -> str:
+    """What every run used: the recipe, the overrides that beat it (the file's [overrides] and
+    steps, then the command line's --set, the last word) and the values as run, so a report of
+    `--set model.flavor=debugmodel` never reads as the recipe's model."""
+    spec = plan["spec"]
+    shared = [] if spec.get("steps") is None else [f"training.steps={spec['steps']}"]
+    shared += [cli_arg(k, v)[2:] for k, v in (spec.get("overrides") or {}).items()]
+    lines = [f"Base recipe `{spec['config_file']}`."]
+    if shared:
+        lines.append(f"Ablation file overrides for every run: {_codes(shared)}.")
+    if plan.get("sets"):
+        over = "the recipe and the ablation file"
+        if spec["description"]:
+            over = "the recipe, the ablation file and the description"
+        lines.append(f"Command-line overrides (`--set`, over {over}): {_codes(plan['sets'])}.")
+    layouts = [v["layout"] for v in plan["variants"] if not v.get("error") and v.get("layout")]
+    as_run, varies = [], False
+    for key, fmt in AS_RUN:
+        values = sorted({lay[key] for lay in layouts if lay.get(key) is not None})
+        if values:
+            as_run.append(fmt.format("/".join(map(str, values))))
+            varies |= len(values) > 1
+    if as_run:
+        note = " (a/b: differs by variant)" if varies else ""
+        lines.append("As run: " + ", ".join(as_run) + note + ".")
+    return " ".join(lines)
+
+
 def render(plan: dict, rows: list[dict], plots: list[str], out: Path, noise: str) -> str:
     """report.md; noise: how the verdicts define noise (report.py says it once)."""
     spec, env = plan["spec"], plan["environment"]
@@ -65,7 +103,7 @@ def render(plan: dict, rows: list[dict], plots: list[str], out: Path, noise: str
     if spec["description"]:
         lines += [spec["description"], ""]
     lines += [
-        f"Base recipe `{spec['config_file']}`, {plan['ngpu']} process(es) per run, "
+        f"{header(plan)} {plan['ngpu']} process(es) per run, "
         f"tokens/s = median over the logged steps after the first "
         f"{spec['throughput_warmup_steps']} (at most half of a run; per GPU, padding included). "
         "The first variant is the baseline.",

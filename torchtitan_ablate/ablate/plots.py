@@ -1,5 +1,8 @@
-"""Report plots (matplotlib, optional extra `plots`): loss curves, throughput, memory measured vs
-predicted, and tokens/s against the batch per optimizer step for batch-size sweeps."""
+"""Report plots (matplotlib, optional extra `plots`): loss curves against steps (and against
+tokens seen when the variants see different tokens per step), throughput, memory measured vs
+predicted, and tokens/s against the batch per optimizer step for batch-size sweeps.
+
+Each `*_figure` function returns the figure unsaved, so tests can read its legends and axes."""
 
 from pathlib import Path
 
@@ -21,19 +24,63 @@ def _save(fig, out: Path, name: str) -> str:
     return name
 
 
-def loss_plot(plt, rows: list[dict], out: Path) -> str:
+STYLES = ["-", "--", ":", "-."]
+TOKENS_LABEL = {
+    "logged": "tokens seen (the trainer's count)",
+    "derived": "tokens seen = step x global batch x seq_len (padding included)",
+}
+
+
+def loss_figure(plt, rows: list[dict], curves: str = "curves"):
+    """Loss per variant (colour) and seed (line style), each with its own legend; curves:
+    "curves" (x = step, integer ticks) or "token_curves" (x = tokens seen)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import EngFormatter, MaxNLocator
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    styles = ["-", "--", ":", "-."]
+    # A seed keeps its line style across variants, also where a variant lost a seed.
+    seeds = sorted({seed for row in rows for seed in (row.get(curves) or {})})
+    variants = []
     for i, row in enumerate(rows):
         color = f"C{i % 10}"
-        for j, (_seed, curve) in enumerate(sorted((row.get("curves") or {}).items())):
-            steps, losses = zip(*curve)
-            label = row["variant"] if j == 0 else None
-            ax.plot(steps, losses, styles[j % 4], color=color, label=label, marker=".")
-    ax.set(xlabel="step", ylabel="training loss", title="Loss (one line style per seed)")
+        for seed, curve in sorted((row.get(curves) or {}).items()):
+            xs, losses = zip(*curve)
+            ax.plot(xs, losses, STYLES[seeds.index(seed) % 4], color=color, marker=".")
+        if row.get(curves):
+            variants.append(Line2D([], [], color=color, label=row["variant"]))
+    if curves == "curves":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(xlabel="step", title="Loss")
+    else:
+        bases = sorted({b for row in rows for b in row.get("token_bases", [])})
+        ax.xaxis.set_major_formatter(EngFormatter())
+        ax.set(xlabel="; ".join(TOKENS_LABEL[b] for b in bases), title="Loss vs tokens seen")
+    ax.set(ylabel="training loss")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, out, "loss.png")
+    if variants:
+        legend = ax.legend(handles=variants, title="variant", fontsize=8, loc="upper right")
+        if len(seeds) > 1:
+            ax.add_artist(legend)  # a second ax.legend() would replace it
+            styles = [Line2D([], [], color="gray", linestyle=STYLES[j % 4], label=f"seed {s}")
+                      for j, s in enumerate(seeds)]  # fmt: skip
+            ax.legend(handles=styles, title="seed", fontsize=8, loc="lower left")
+    return fig
+
+
+def loss_plot(plt, rows: list[dict], out: Path) -> str:
+    return _save(loss_figure(plt, rows), out, "loss.png")
+
+
+def loss_vs_tokens_plot(plt, rows: list[dict], out: Path) -> str:
+    return _save(loss_figure(plt, rows, "token_curves"), out, "loss_vs_tokens.png")
+
+
+def tokens_differ(rows: list[dict]) -> bool:
+    """Whether the variants that ran see different tokens per step or pack differently, so
+    loss against steps alone would mislead (packing studies, batch-size sweeps)."""
+    ran = [r for r in rows if r.get("token_curves")]
+    kinds = {(r["tokens_per_step"], r.get("packing")) for r in ran}
+    return len(kinds) > 1
 
 
 def _bars(ax, names: list[str], values: list, offset: float, width: float, **kw) -> None:
@@ -97,7 +144,10 @@ def make_plots(rows: list[dict], out: Path) -> list[str]:
     plt = _pyplot()
     if plt is None:
         return []
-    names = [loss_plot(plt, rows, out), throughput_plot(plt, rows, out)]
+    names = [loss_plot(plt, rows, out)]
+    if tokens_differ(rows):
+        names.append(loss_vs_tokens_plot(plt, rows, out))
+    names.append(throughput_plot(plt, rows, out))
     names.append(memory_plot(plt, rows, out))
     batches = {(r["tokens_per_step"], r["grad_accum"]) for r in rows if r["tokens_per_step"]}
     if len(batches) > 1:  # a batch-size or accumulation sweep

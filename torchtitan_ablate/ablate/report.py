@@ -11,11 +11,17 @@ the larger of the two variants' seed ranges (max - min of the final loss over se
 import csv
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
 from torchtitan_ablate.ablate.runner import PLAN_FILE, read_status
 from torchtitan_ablate.ablate.spec import AblationError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 COLUMNS = [
     "variant", "group", "status", "runs_ok", "runs", "tps_median", "tps_noise_pct", "speedup",
@@ -25,6 +31,7 @@ COLUMNS = [
     "grad_accum", "tokens_per_step",
     "comm_pct", "compute_pct", "data_pct", "gpu_util_pct", "error", "verdict",
 ]  # fmt: skip
+TOKENS_KEY = "tokens_seen"  # the trainer's cumulative global token count, where it logs one
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -38,6 +45,25 @@ def read_metrics(run_dir: Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+def read_run_config(run_dir: Path) -> dict:
+    """The trainer's resolved config.toml of a run ({} when missing or unreadable)."""
+    try:
+        return tomllib.loads((run_dir / "config.toml").read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def token_curve(records: list[dict], tokens_per_step: int | None) -> tuple[list, str] | None:
+    """(tokens seen, loss) per logged step and where the count comes from: "logged" (the
+    trainer's count) when every record has it, else "derived" = step x global batch x seq_len,
+    which counts padding; None without either."""
+    if records and all(TOKENS_KEY in r for r in records):
+        return [(r[TOKENS_KEY], r["loss"]) for r in records], "logged"
+    if tokens_per_step:
+        return [(r["step"] * tokens_per_step, r["loss"]) for r in records], "derived"
+    return None
 
 
 def _rel_std(values: list[float]) -> float | None:
@@ -60,12 +86,14 @@ def summarize_variant(variant: dict, out: Path, warmup: int) -> dict[str, Any]:
         global_batch_size=layout.get("global_batch_size"),
         grad_accum=layout.get("grad_accum"),
         tokens_per_step=layout.get("tokens_per_step"),
+        packing=None,  # training.packing of the runs, from their config.toml (for the plots)
     )
     if variant["error"]:
         row.update(status="invalid", runs_ok=0, error=variant["error"])
         return row
     per_seed_tps, step_tps, tflops, mfu, finals, active, reserved = [], [], [], [], [], [], []
     errors, profiles, curves, held_out = [], [], {}, []
+    token_curves, token_bases = {}, set()
     for run in variant["runs"]:
         run_dir = out / run["dir"]
         status = read_status(run_dir)
@@ -79,6 +107,11 @@ def summarize_variant(variant: dict, out: Path, warmup: int) -> dict[str, Any]:
             errors.append(f"seed {run['seed']}: no metrics.jsonl")
             continue
         curves[run["seed"]] = [(r["step"], r["loss"]) for r in records]
+        if tokens := token_curve(records, row["tokens_per_step"]):
+            token_curves[run["seed"]] = tokens[0]
+            token_bases.add(tokens[1])
+        if row["packing"] is None:
+            row["packing"] = read_run_config(run_dir).get("training", {}).get("packing")
         # Short runs (e.g. --set training.steps=5) keep at least their second half.
         skip = min(warmup, records[-1]["step"] // 2)
         steady = [r for r in records if r["step"] > skip] or records[-1:]
@@ -97,7 +130,7 @@ def summarize_variant(variant: dict, out: Path, warmup: int) -> dict[str, Any]:
         profile = run_dir / "comm_profile.json"
         if profile.is_file():
             profiles.append(json.loads(profile.read_text()))
-    row["curves"] = curves
+    row.update(curves=curves, token_curves=token_curves, token_bases=sorted(token_bases))
     row["runs_ok"] = len(finals)
     row["error"] = "; ".join(errors) or None
     if not finals:

@@ -3,7 +3,8 @@
 Layout: `<folder>/step-<N>/` is one DCP checkpoint. Its state dict holds
   - the model's FQNs at the top level (so a model-only checkpoint is just the model state dict),
   - `optimizer` (flattened, FQN-keyed: reshards across N -> M ranks),
-  - `lr_scheduler`, `step`, and each extra state the trainer registers (same on every rank),
+  - `lr_scheduler` (its step only), `step`, `settings` (the config keys of run_settings.py, to
+    say what a resume changes) and each extra state the trainer registers (same on every rank),
   - `dataloader.rank<r>` and `rng.rank<r>` (one per rank: each rank's data and RNG differ).
     A checkpoint of another world size restores neither, except the data loader when its state
     is the same on every rank (rows sharding): then every rank loads `dataloader.rank0`.
@@ -14,6 +15,8 @@ the on-disk layout and its crash-safe changes (re-saves, crash recovery at start
 aside the steps newer than an explicit `load_step`); checkpoint_state.py gives each part of the
 state its DCP form (the Stateful wrappers) and wraps DCP's save and load, sorting load failures
 into damage and mismatch.
+No state holding a NaN or Inf is saved (NonFiniteError), and none is resumed from: a checkpoint
+whose tensors load non-finite (damaged bytes) is refused like one whose files are unreadable.
 """
 
 import logging
@@ -35,6 +38,7 @@ from torchtitan_ablate.components.checkpoint_state import (
     ModelWrapper,
     OptimizerWrapper,
     Pickled,
+    Record,
     RNGState,
     SchedulerList,
     check_keys,
@@ -42,12 +46,14 @@ from torchtitan_ablate.components.checkpoint_state import (
     dcp_save,
     saved_keys,
 )
+from torchtitan_ablate.components.finite import NonFiniteError, nonfinite_entries
 from torchtitan_ablate.components.hf_checkpoint import load_hf_weights
+from torchtitan_ablate.components.run_settings import describe_changes
 from torchtitan_ablate.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
-_RESERVED = ("optimizer", "lr_scheduler", "step", "dataloader", "rng")
+_RESERVED = ("optimizer", "lr_scheduler", "step", "settings", "dataloader", "rng")
 
 
 class CheckpointManager:
@@ -80,10 +86,13 @@ class CheckpointManager:
         states: dict[str, Stateful] | None = None,
         dataloader_state_shared: bool = False,
         training_steps: int | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None:
         """dataloader_state_shared: the loader's state is the same on every rank at a step
         boundary (rows sharding, <= 1 worker), so it resumes from rank 0's at any world size.
-        training_steps: the run's last step, to warn when the resumed step leaves nothing to do."""
+        training_steps: the run's last step, to warn when the resumed step leaves nothing to do.
+        settings: this run's settings (run_settings.run_settings), recorded in each checkpoint;
+        on resume the ones that differ are logged, one line each."""
         if enable and interval <= 0:
             raise ValueError(f"checkpoint interval must be > 0, got {interval}")
         self.states = dict(states or {})
@@ -103,6 +112,7 @@ class CheckpointManager:
         self.model = ModelWrapper(model_parts)
         self.optimizer = OptimizerWrapper(model_parts, optimizers)
         self.lr_schedulers = Pickled(SchedulerList(lr_schedulers))
+        self.settings = None if settings is None else Record(settings)
         self.dataloader = dataloader
         self.dataloader_state_shared = dataloader_state_shared
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -119,6 +129,14 @@ class CheckpointManager:
             return False
         final = self._step_dir(step)
         tmp = f"{final}.tmp"
+        count, names = self._nonfinite()
+        if count:
+            # Raised on every rank alike (the count is summed over ranks), before any file is
+            # written: pruning never removes a good checkpoint for this one.
+            raise NonFiniteError(
+                f"step {step}: the model or optimizer state holds NaN/Inf ({_names(names)}); "
+                f"not saved to {final}, the older checkpoints are kept"
+            )
         if self.rank == 0 and os.path.exists(tmp):
             shutil.rmtree(tmp)
         _barrier()  # no rank may write into tmp before rank 0 has cleared it
@@ -218,6 +236,9 @@ class CheckpointManager:
             to_load = {k: v for k, v in model_sd.items() if k in keys or ".lora_" not in k}
             check_keys(self.initial_load_path, to_load, keys)
             dcp_load(to_load, self.initial_load_path)
+        count, names = nonfinite_entries(model_sd)
+        if count:
+            raise ConfigError(f"holds NaN/Inf values ({_names(names)}): damaged or diverged")
         self.model.load_state_dict(model_sd)
         logger.info(
             f"loaded model weights from {self.initial_load_path} ({self.initial_load_format})"
@@ -232,6 +253,8 @@ class CheckpointManager:
             "step": step,
             **self.states,
         }
+        if self.settings is not None:
+            states["settings"] = Pickled(self.settings)
         if not for_load or saved_ranks == set(range(self.world_size)):
             states[f"rng.rank{self.rank}"] = Pickled(RNGState())
             if self.dataloader is not None:
@@ -239,6 +262,12 @@ class CheckpointManager:
         elif self.dataloader is not None and self.dataloader_state_shared:
             states["dataloader.rank0"] = Pickled(self.dataloader)
         return states
+
+    def _nonfinite(self) -> tuple[int, list[str]]:
+        """NaN/Inf in the live model and optimizer state (counted over all ranks), named as
+        in a checkpoint."""
+        optim = {f"optimizer.{k}": v for k, v in self.optimizer.state_dict().items()}
+        return nonfinite_entries({**self.model.state_dict(), **optim})
 
     def _load_full(self, path: str, step: int) -> None:
         keys = saved_keys(path)
@@ -258,6 +287,12 @@ class CheckpointManager:
         elif self.dataloader is not None and f"dataloader.rank{self.rank}.pickle" not in keys:
             state.pop(f"dataloader.rank{self.rank}", None)
             logger.warning(f"checkpoint {path} has no data loader state: data restarts")
+        if "settings" in state and "settings.pickle" not in keys:
+            state.pop("settings")
+            logger.warning(
+                f"checkpoint {path} records no settings (an older version saved it): this run's "
+                "optimizer and LR schedule settings apply; what changed cannot be listed"
+            )
         check_keys(path, state, keys)
         # A smaller model would load silently from a bigger one's checkpoint: refuse it. Other
         # ranks' (or a skipped) data loader and RNG entries are expected to be left unread.
@@ -278,7 +313,21 @@ class CheckpointManager:
                 f"checkpoint {path} holds step {state['step']}, not {step} (was it renamed?)"
             )
         self.model.load_state_dict(state)
+        count, names = self._nonfinite()
+        if count:
+            raise Damaged(
+                f"checkpoint {path} holds NaN/Inf values ({_names(names)}): its files are "
+                "damaged or it was saved from a diverged run"
+            )
         logger.info(f"loaded checkpoint {path}")
+        if "settings" in state:
+            for line in describe_changes(self.settings.loaded, self.settings.value, step):
+                logger.info(line)
+
+
+def _names(names: list[str]) -> str:
+    """Where the NaN/Inf values are, for the one-line message (names known on this rank)."""
+    return f"e.g. {', '.join(names)}" if names else "on another rank"
 
 
 def _barrier() -> None:

@@ -4,6 +4,10 @@ The Stateful wrappers give each part of the training state its DCP form (FQN-key
 optimizer, so both reshard; opaque pickles for states whose shape may change). Loading sorts
 DCP's failures into `Damaged` (files missing or unreadable) and `Mismatch` (a checkpoint of
 another model or config), so that checkpoint.py can tell the user what to do about each.
+
+A checkpoint holds state, the config holds settings: on load the optimizer keeps this run's
+hyperparameters (lr, betas, eps, weight_decay, ...) and the LR schedule only its step, so a
+resumed run steps as its own config says (run_settings.py lists what changed).
 """
 
 import os
@@ -25,8 +29,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.checkpoint.stateful import Stateful
+from torch.optim.lr_scheduler import LambdaLR
 
 from torchtitan_ablate.components.checkpoint_folder import METADATA
+from torchtitan_ablate.components.lr_scheduler import set_schedule_step
 from torchtitan_ablate.config import ConfigError
 
 # Optimizer state keyed by parameter FQN, so it reshards like the model does.
@@ -82,11 +88,16 @@ class OptimizerWrapper(Stateful):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads the moments and step counts; the param groups' hyperparameters stay this
+        run's (the checkpoint's would silently override a changed config)."""
         for model, optim in self.pairs:
             own = get_optimizer_state_dict(model, optim, options=_OPTIM_OPTIONS).keys()
+            settings = [{k: v for k, v in g.items() if k != "params"} for g in optim.param_groups]
             set_optimizer_state_dict(
                 model, optim, {k: state_dict[k] for k in own}, options=_OPTIM_OPTIONS
             )
+            for group, kept in zip(optim.param_groups, settings, strict=True):
+                group.update(kept)
 
 
 class RNGState:
@@ -122,22 +133,40 @@ class Pickled(Stateful):
         self.obj.load_state_dict(pickle.loads(state_dict["pickle"]))
 
 
-class SchedulerList:
-    """The LR schedulers (one per model part) as one state; a count mismatch is the user's."""
+class Record:
+    """A plain value saved as it is (through Pickled); what a load read is kept in `loaded`,
+    beside this run's `value`, for the caller to compare."""
 
-    def __init__(self, schedulers: list) -> None:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.loaded: Any = None
+
+    def state_dict(self) -> Any:
+        return self.value
+
+    def load_state_dict(self, state: Any) -> None:
+        self.loaded = state
+
+
+class SchedulerList:
+    """The LR schedulers (one per model part) as one state: only their step is saved, the LR
+    is recomputed from this run's schedule (peak LR and factors); a count mismatch is the
+    user's."""
+
+    def __init__(self, schedulers: list[LambdaLR]) -> None:
         self.schedulers = schedulers
 
     def state_dict(self) -> list[dict[str, Any]]:
-        return [s.state_dict() for s in self.schedulers]
+        return [{"last_epoch": s.last_epoch} for s in self.schedulers]
 
     def load_state_dict(self, states: list[dict[str, Any]]) -> None:
         if len(states) != len(self.schedulers):
             raise ConfigError(
                 f"checkpoint has {len(states)} LR schedulers, run has {len(self.schedulers)}"
             )
+        # Older checkpoints hold LambdaLR's whole state; its step is all that is read.
         for sched, state in zip(self.schedulers, states):
-            sched.load_state_dict(state)
+            set_schedule_step(sched, state["last_epoch"])
 
 
 class Damaged(ConfigError):

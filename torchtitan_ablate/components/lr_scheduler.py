@@ -1,4 +1,9 @@
-"""Warmup, optional stable phase, then linear / cosine / sqrt decay (WSD when decay_ratio set)."""
+"""Warmup, optional stable phase, then linear / cosine / sqrt decay (WSD when decay_ratio set).
+
+The learning rate is a function of this run's config and the step only: a resumed run restores
+the step (`set_schedule_step`), never the checkpoint's peak LR or schedule, so extending a run
+(more training.steps) or changing optimizer.lr / lr_scheduler.* on resume takes effect at once.
+"""
 
 import logging
 import math
@@ -23,7 +28,9 @@ def lr_factor(step: int, total_steps: int, config: LRSchedulerConfig) -> float:
     decay_start = total_steps - decay_steps
     if step <= decay_start or decay_steps == 0:
         return 1.0
-    progress = (step - decay_start) / decay_steps
+    # Clamped: past the last step (a run extended on resume) the LR stays at its floor instead
+    # of turning negative.
+    progress = min((step - decay_start) / decay_steps, 1.0)
     if config.decay_type == "linear":
         shape = 1.0 - progress
     elif config.decay_type == "cosine":
@@ -46,3 +53,13 @@ def build_lr_scheduler(
             "stop early with training.exit_at_step"
         )
     return LambdaLR(optimizer, lambda i: lr_factor(i + 1, total_steps, config))
+
+
+def set_schedule_step(scheduler: LambdaLR, step: int) -> None:
+    """Puts `scheduler` at `step` (its `last_epoch`) with the LR its own peak LRs and factors
+    give there, written into the optimizer: what a resume restores instead of the saved LRs."""
+    scheduler.last_epoch = step
+    lrs = [base * f(step) for base, f in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs

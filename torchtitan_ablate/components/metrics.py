@@ -55,7 +55,8 @@ class DeviceMemoryMonitor:
 
 
 class MetricsLogger:
-    """Accumulates tokens and data-loading time between log steps and writes the record."""
+    """Accumulates tokens and data-loading time between log steps and writes the record
+    (`open` first, once the run knows its first step)."""
 
     def __init__(
         self,
@@ -70,16 +71,36 @@ class MetricsLogger:
         self.peak_tflops = device_peak_tflops(device, config.peak_tflops)
         self.memory = DeviceMemoryMonitor(device)
         self.is_writer = is_writer
+        self.path = os.path.join(dump_folder, "metrics.jsonl")
         self.jsonl = None
         self.tb = None
         if is_writer:
             os.makedirs(dump_folder, exist_ok=True)
-            self.jsonl = open(os.path.join(dump_folder, "metrics.jsonl"), "a")
             if config.enable_tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.tb = SummaryWriter(os.path.join(dump_folder, config.save_tb_folder))
         self._reset_window()
+
+    def open(self, resumed_step: int) -> None:
+        """Opens metrics.jsonl once the run knows where it starts. A resumed run keeps the rows
+        up to its checkpoint's step (the later ones are trained again) and appends; a new run
+        never appends to an earlier run's rows: their file is moved aside, as torchtitan gives
+        each launch its own TensorBoard folder."""
+        if not self.is_writer:
+            return
+        if os.path.isfile(self.path) and os.path.getsize(self.path) > 0:
+            if resumed_step > 0:
+                dropped = keep_rows_up_to(self.path, resumed_step)
+                if dropped:
+                    logger.info(
+                        f"{self.path}: dropped {dropped} rows after step {resumed_step}, "
+                        "the checkpoint this run resumes from"
+                    )
+            else:
+                old = move_aside(self.path)
+                logger.warning(f"{self.path} of an earlier run moved to {old}: a new run")
+        self.jsonl = open(self.path, "a")
 
     def _reset_window(self) -> None:
         self.window_start = time.perf_counter()
@@ -147,3 +168,35 @@ class MetricsLogger:
             self.jsonl.close()
         if self.tb is not None:
             self.tb.close()
+
+
+def move_aside(path: str) -> str:
+    """Renames metrics.jsonl to metrics.<its time>.jsonl; returns the new path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(os.path.getmtime(path)))
+    old, n = os.path.join(os.path.dirname(path), f"metrics.{stamp}.jsonl"), 1
+    while os.path.exists(old):  # two runs ended within the same second
+        n += 1
+        old = os.path.join(os.path.dirname(path), f"metrics.{stamp}-{n}.jsonl")
+    os.replace(path, old)
+    return old
+
+
+def keep_rows_up_to(path: str, step: int) -> int:
+    """Rewrites metrics.jsonl without the rows after `step`; returns how many were dropped."""
+    with open(path) as f:
+        lines = f.read().splitlines()
+    kept = [x for x in lines if x.strip() and _row_step(x) <= step]
+    dropped = sum(1 for x in lines if x.strip()) - len(kept)
+    if dropped:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write("".join(x + "\n" for x in kept))
+        os.replace(tmp, path)
+    return dropped
+
+
+def _row_step(line: str) -> int:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return 0  # a damaged row is kept: not this file's job to judge it

@@ -1,6 +1,7 @@
 from torchtitan_ablate.config.errors import ConfigError
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.config.manager import (
+    check_dump_folder,
     exit_on_config_error,
     load_config,
     run_main,
@@ -11,6 +12,7 @@ from torchtitan_ablate.config.manager import (
 __all__ = [
     "ConfigError",
     "JobConfig",
+    "check_dump_folder",
     "exit_on_config_error",
     "load_config",
     "run_main",

@@ -107,6 +107,11 @@ class Training:
     max_norm: float = 1.0
     """Gradient clipping by global L2 norm (0 = off)."""
 
+    skip_nonfinite_steps: int = 0
+    """A step whose loss or gradient norm is NaN/Inf never updates the weights. 0: the run
+    stops there (one line, exit code 3, that step not saved); K > 0: up to K such steps in a row
+    are skipped (logged; the LR schedule moves on), the next one stops the run."""
+
     loss_chunk_size: int = 8192
     """Tokens per chunk of the fused output-projection + cross-entropy (no [B, S, V] logits
     for the whole batch; same value and gradients). The default: on one H100, Qwen3-0.6B at
@@ -144,6 +149,10 @@ class Training:
     """Run Python's garbage collector every this many steps (automatic GC off in between)."""
 
 
+# optimizer.no_decay: the parameter classes components/optimizer.py can exempt from weight decay.
+NO_DECAY_CLASSES = ("norm", "bias", "embedding", "output", "lora")
+
+
 @dataclass
 class Optimizer:
     name: Literal["AdamW", "Adam"] = "AdamW"
@@ -163,7 +172,14 @@ class Optimizer:
     """Adam epsilon."""
 
     weight_decay: float = 0.1
-    """Weight decay (decoupled for AdamW, L2 for Adam)."""
+    """Weight decay (decoupled for AdamW, L2 for Adam); see no_decay for what it skips."""
+
+    no_decay: list[str] = field(default_factory=lambda: ["norm", "bias", "embedding"])
+    """Parameter classes that get no weight decay: norm (RMSNorm / LayerNorm weights), bias
+    (every bias), embedding (the token embedding; with tied embeddings the output projection
+    is the same tensor), output (the untied output projection), lora (the LoRA adapters).
+    Every other trainable parameter decays: projections, MoE experts, the router, the adapters.
+    [] decays everything (torchtitan's default). The start-up log states the split."""
 
     implementation: Literal["auto", "fused", "foreach", "for-loop"] = "auto"
     """auto: fused on CUDA, foreach on CPU."""
@@ -278,6 +294,18 @@ class Checkpoint:
     Qwen3 / Qwen3-MoE safetensors, read shard by shard straight into the sharded model)."""
 
 
+@dataclass
+class Comm:
+    init_timeout_seconds: int = 300
+    """Seconds a rank waits in a collective before it fails, until the first step is done
+    (start-up, model build, checkpoint load and the first, maybe compiled, step)."""
+
+    train_timeout_seconds: int = 100
+    """Seconds a rank waits in a collective after the first step before it fails with one line
+    (a stalled or dead rank). Raise it when one rank may lag that long, e.g. rank 0 pruning old
+    checkpoints on a slow disk while the others wait."""
+
+
 # lora.target_modules: HF projection name -> the module it adapts inside a transformer block
 # (models/common/lora.py); "experts" is every routed expert's gate/up/down, per expert.
 LORA_TARGETS = {
@@ -324,6 +352,7 @@ class JobConfig:
     float8: Float8 = field(default_factory=Float8)
     validation: Validation = field(default_factory=Validation)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    comm: Comm = field(default_factory=Comm)
     lora: LoRA = field(default_factory=LoRA)
     metrics: Metrics = field(default_factory=Metrics)
     profiling: Profiling = field(default_factory=Profiling)

@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, TypeVar
 
-from torchtitan_ablate.config.errors import ConfigError
+from torchtitan_ablate.config.errors import ConfigError, one_line, report
 from torchtitan_ablate.config.job_config import JobConfig
+from torchtitan_ablate.config.paths import PATH_KEYS, resolve_toml_path
 from torchtitan_ablate.config.validation import validate
 
 if sys.version_info >= (3, 11):
@@ -191,6 +192,8 @@ def load_config(argv: list[str] | None = None) -> JobConfig:
                     f"{config_file}: top-level key {section!r} must be a [section] table"
                 )
             for key, value in body.items():
+                if f"{section}.{key}" in PATH_KEYS and isinstance(value, str):
+                    value = resolve_toml_path(value, config_file)
                 _set(config, section, key, value, config_file)
     for section, key, value in cli:
         _set(config, section, key, value, "command line")
@@ -230,17 +233,33 @@ def write_config(config: JobConfig, path: str) -> None:
     os.replace(tmp, path)
 
 
+def check_dump_folder(path: str) -> None:
+    """Creates job.dump_folder; ConfigError when it cannot be created or written (every rank
+    checks, so all of them stop with the same line)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"job.dump_folder = {path!r}: cannot create it ({e.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"job.dump_folder = {path!r}: not writable; give a folder you can write")
+
+
 @contextmanager
-def exit_on_config_error() -> Iterator[None]:
-    """One line on stderr and exit code 2 for a ConfigError, no traceback."""
+def exit_on_config_error(dump_folder: str = ".") -> Iterator[None]:
+    """One line on stderr and exit code 2 for a ConfigError, no traceback; the same for the other
+    failures errors.one_line knows (a full disk: 2; a collective whose peer failed: 1)."""
     try:
         yield
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    except BaseException as e:
+        known = one_line(e, dump_folder)
+        if known is None:
+            raise
+        report(*known)
+        raise SystemExit(known[1]) from None
 
 
 def run_main(main: Callable[[JobConfig], T], argv: list[str] | None = None) -> T:
     with exit_on_config_error():
         config = load_config(argv)
+    with exit_on_config_error(config.job.dump_folder):
         return main(config)

@@ -11,8 +11,10 @@ module that uses them.
 from torchtitan_ablate.config.errors import ConfigError
 from torchtitan_ablate.config.job_config import (
     LORA_TARGETS,
+    NO_DECAY_CLASSES,
     ActivationCheckpoint,
     Checkpoint,
+    Comm,
     Compile,
     Float8,
     JobConfig,
@@ -39,6 +41,7 @@ def validate(config: JobConfig) -> None:
     _check_metrics(config.metrics, config.profiling)
     _check_profiling(config.profiling)
     _check_checkpoint(config.checkpoint)
+    _check_comm(config.comm)
     _check_memory_estimation(config.memory_estimation)
     _check_activation_checkpoint(config.activation_checkpoint)
     _check_compile(config.compile)
@@ -96,6 +99,7 @@ def _check_training(t: Training, checkpoint: Checkpoint) -> None:
     )
     _at_least("training.gc_freq", t.gc_freq, 1, " (garbage collection every n steps)")
     _at_least("training.max_norm", t.max_norm, 0, " (0 turns gradient clipping off)")
+    _at_least("training.skip_nonfinite_steps", t.skip_nonfinite_steps, 0, " (0 stops at a NaN)")
     _at_least("training.loss_chunk_size", t.loss_chunk_size, 0, " (0 = plain loss on full logits)")
     _at_least("training.num_workers", t.num_workers, 0, " (0 = load data in the main process)")
 
@@ -128,6 +132,12 @@ def _check_optimizer(o: Optimizer) -> None:
         _require(0.0 <= value < 1.0, f"optimizer.{key} = {value}: must be in [0, 1)")
     _at_least("optimizer.eps", o.eps, 0)
     _at_least("optimizer.weight_decay", o.weight_decay, 0, " (0 = no weight decay)")
+    unknown = [x for x in o.no_decay if x not in NO_DECAY_CLASSES]
+    _require(
+        not unknown,
+        f"optimizer.no_decay = {o.no_decay}: unknown {unknown}; choose from "
+        f"{list(NO_DECAY_CLASSES)}, or [] to decay every parameter",
+    )
 
 
 def _check_lr_scheduler(s: LRScheduler) -> None:
@@ -182,6 +192,11 @@ def _check_profiling(p: Profiling) -> None:
 def _check_checkpoint(ck: Checkpoint) -> None:
     _require(ck.interval >= 1, f"checkpoint.interval = {ck.interval}: must be >= 1")
     _at_least("checkpoint.keep_latest_k", ck.keep_latest_k, 0, " (0 keeps every checkpoint)")
+
+
+def _check_comm(c: Comm) -> None:
+    for key in ("init_timeout_seconds", "train_timeout_seconds"):
+        _at_least(f"comm.{key}", getattr(c, key), 1, " (seconds a rank waits in a collective)")
 
 
 def _check_memory_estimation(me: MemoryEstimation) -> None:

@@ -30,18 +30,35 @@ def pick_device(requested: str) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device: torch.device) -> int:
-    """Joins the torchrun process group (NCCL on CUDA, gloo on CPU); returns the world size."""
+def init_distributed(device: torch.device, timeout_s: float = 300) -> int:
+    """Joins the torchrun process group (NCCL on CUDA, gloo on CPU); returns the world size.
+    timeout_s: how long a rank waits in a collective (comm.init_timeout_seconds; the trainer
+    shortens it after the first step, see set_timeout)."""
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     if dist.is_initialized():
         return dist.get_world_size()
     backend = "nccl" if device.type == "cuda" else "gloo"
     if world_size > 1 or "RANK" in os.environ:
-        dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     else:
         # A one-rank group without torchrun: meshes (and single-GPU FSDP) work the same way.
         dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
     return world_size
+
+
+def set_timeout(timeout_s: float) -> None:
+    """Every process group's collective timeout from now on (comm.train_timeout_seconds, set
+    after the first step, as torchtitan does): a stalled or dead rank then fails the others
+    within timeout_s instead of the long start-up timeout. The meshes' groups were made with
+    the start-up one, so each group is set, not only the default."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    # No rank may wait under the short timeout while another is still in a long first step.
+    dist.barrier()
+    timeout = timedelta(seconds=timeout_s)
+    # pg_map lists every group this process belongs to (DeviceMesh makes them; no public list).
+    for group in list(dist.distributed_c10d._world.pg_map):
+        dist.distributed_c10d._set_pg_timeout(timeout, group)
 
 
 def destroy_distributed() -> None:

@@ -11,9 +11,13 @@ ENV = {"git_commit": "abc", "git_dirty": False, "python": "3", "torch": "2", "cu
 ENV |= {"platform": "p", "cpu": "c", "cpu_count": 2, "gpus": []}
 
 
-def make_run(out, variant, seed, tps, losses, status="ok", error=None, validation=None):
+def make_run(
+    out, variant, seed, tps, losses, status="ok", error=None, validation=None, packing=None
+):
     run_dir = out / "runs" / variant / f"seed{seed}"
     run_dir.mkdir(parents=True)
+    if packing:  # the trainer's config.toml, as far as the report reads it
+        (run_dir / "config.toml").write_text(f'[training]\npacking = "{packing}"\n')
     records = [
         {"step": i + 1, "loss": loss, "tps": t, "tflops": 1.0, "mfu": 0.0,
          "memory_max_active_gib": 0.0, "memory_max_reserved_gib": 0.0}
@@ -29,14 +33,17 @@ def make_run(out, variant, seed, tps, losses, status="ok", error=None, validatio
     return {"seed": seed, "dir": f"runs/{variant}/seed{seed}", "args": [], "command": "cmd"}
 
 
-def plan(out, variants):
-    spec = {"name": "t", "description": "", "config_file": "c.toml", "throughput_warmup_steps": 1}
+def plan(out, variants, sets=(), overrides=None, description=""):
+    spec = {"name": "t", "description": description, "config_file": "c.toml",
+            "throughput_warmup_steps": 1, "overrides": overrides or {}, "steps": None}  # fmt: skip
     doc = {"spec": spec, "command": ["ablate"], "ngpu": 1, "variants": variants, "environment": ENV}
+    doc["sets"] = list(sets)
     (out / PLAN_FILE).write_text(json.dumps(doc))
 
 
-def variant(name, runs, predicted=None, error=None):
+def variant(name, runs, predicted=None, error=None, **layout_values):
     layout = {"global_batch_size": 4, "grad_accum": 1, "tokens_per_step": 256, "steps": 4}
+    layout |= {"flavor": "0.6B", "seq_len": 64, **layout_values}
     memory = {"predicted_peak_gib": predicted, "fits": None if predicted is None else True}
     return {"name": name, "group": name, "error": error, "layout": layout, "runs": runs,
             "memory": {**memory, "note": ""}}  # fmt: skip
@@ -130,3 +137,111 @@ def test_validation_loss_column_and_verdict(tmp_path):
     assert "validation" not in rows[2]["verdict"]
     md = (tmp_path / "report.md").read_text()
     assert "validation loss (mean) |" in md and "| 3.1000 |" in md and "| n/a |" in md
+
+
+def _legend_texts(fig) -> list[list[str]]:
+    from matplotlib.legend import Legend
+
+    (ax,) = fig.axes
+    legends = [c for c in ax.get_children() if isinstance(c, Legend)]
+    return [[t.get_text() for t in leg.get_texts()] for leg in legends]
+
+
+def test_loss_plot_has_a_seed_legend_and_integer_steps(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from torchtitan_ablate.ablate.plots import loss_figure
+
+    curve = [(1, 3.0), (2, 2.5), (3, 2.2)]
+    rows = [
+        {"variant": "a", "curves": {42: curve, 43: curve}},
+        {"variant": "b", "curves": {43: curve}},  # seed 42 failed
+        {"variant": "c", "curves": {}},  # no finished run: not in the legend
+    ]
+    fig = loss_figure(plt, rows)
+    assert sorted(_legend_texts(fig)) == [["a", "b"], ["seed 42", "seed 43"]]
+    (ax,) = fig.axes
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+    # b's only line is seed 43's: the style of seed 43 in a, not the first style.
+    styles = [line.get_linestyle() for line in ax.get_lines()]
+    assert styles == ["-", "--", "--"]
+    plt.close(fig)
+    fig = loss_figure(plt, rows[1:])  # one seed: nothing for a seed legend to tell apart
+    assert _legend_texts(fig) == [["b"]]
+    plt.close(fig)
+
+
+def _packing_study(tmp_path, packings, tokens_per_step=(256, 256), tokens_seen=False):
+    variants = []
+    for name, packing, tps in zip(("packed", "padded"), packings, tokens_per_step):
+        runs = [make_run(tmp_path, name, s, [1, 10, 10], [3, 2, 1], packing=packing)
+                for s in (1, 2)]  # fmt: skip
+        if tokens_seen:
+            for run in runs:
+                path = tmp_path / run["dir"] / "metrics.jsonl"
+                records = [json.loads(x) for x in path.read_text().splitlines()]
+                for r in records:
+                    r["tokens_seen"] = 100 * r["step"]
+                path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        variants.append(variant(name, runs, tokens_per_step=tps))
+    plan(tmp_path, variants)
+
+
+@pytest.mark.parametrize(
+    "packings, tokens_per_step, plotted",
+    [
+        (("greedy", "padding"), (256, 256), True),  # a packing study
+        (("greedy", "greedy"), (256, 512), True),  # different tokens per step
+        (("greedy", "greedy"), (256, 256), False),  # steps say it all
+        ((None, None), (256, 256), False),  # no config.toml: nothing tells them apart
+    ],
+)
+def test_loss_vs_tokens_plot_when_tokens_or_packing_differ(
+    tmp_path, packings, tokens_per_step, plotted
+):
+    pytest.importorskip("matplotlib")
+    _packing_study(tmp_path, packings, tokens_per_step)
+    write_report(tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert ("![loss_vs_tokens](loss_vs_tokens.png)" in md) == plotted
+    assert (tmp_path / "loss_vs_tokens.png").is_file() == plotted
+
+
+@pytest.mark.parametrize("logged", [False, True])
+def test_tokens_seen_logged_or_derived(tmp_path, logged):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from torchtitan_ablate.ablate.plots import loss_figure
+
+    _packing_study(tmp_path, ("greedy", "padding"), (256, 512), tokens_seen=logged)
+    _, rows = build_rows(tmp_path)
+    assert rows[0]["packing"] == "greedy" and rows[1]["packing"] == "padding"
+    per_step = 100 if logged else 512  # the trainer's count, else step x global batch x seq_len
+    assert [x for x, _ in rows[1]["token_curves"][1]] == [per_step, 2 * per_step, 3 * per_step]
+    fig = loss_figure(plt, rows, "token_curves")
+    label = fig.axes[0].get_xlabel()
+    assert ("trainer's count" in label) == logged and ("padding included" in label) != logged
+    assert sorted(_legend_texts(fig)) == [["packed", "padded"], ["seed 1", "seed 2"]]
+    plt.close(fig)
+
+
+def test_header_shows_the_overrides_and_the_values_as_run(tmp_path):
+    runs = [make_run(tmp_path, "a", 1, [1, 10, 11, 12], [3, 2, 1, 0.5])]
+    sets = ["model.flavor=debugmodel", "training.seq_len=64"]
+    plan(
+        tmp_path,
+        [variant("a", runs, flavor="debugmodel", global_batch_size=4),
+         variant("b", [], flavor="debugmodel", global_batch_size=8),
+         variant("c", [], error="variant 'c': bad")],
+        sets=sets,
+        overrides={"metrics.log_freq": 1, "float8.filter_fqns": ["output", "router"]},
+        description="Qwen3-0.6B, seq 4096",
+    )  # fmt: skip
+    write_report(tmp_path)
+    header = (tmp_path / "report.md").read_text().split("## Results")[0]
+    assert "`--set`" in header and "`model.flavor=debugmodel`, `training.seq_len=64`" in header
+    assert "`metrics.log_freq=1`, `float8.filter_fqns=output,router`" in header
+    assert "As run: model debugmodel, seq_len 64, 4 steps, global batch 4/8 sequences" in header
+    assert "differs by variant" in header and "0.6B" not in header.split("As run")[1]

@@ -37,3 +37,10 @@ def test_warmup_longer_than_the_run_is_squeezed_and_said(caplog):
     assert lrs[-1] == pytest.approx(20 / 21)  # peak at the last step
     # The first 20 steps of the 1000-step recipe are still warming up (step / 101).
     assert lr_factor(20, 1000, cfg) == pytest.approx(20 / 101)
+
+
+@pytest.mark.parametrize("decay_type", ["linear", "cosine", "sqrt"])
+def test_past_the_last_step_the_lr_stays_at_its_floor(decay_type):
+    """A run extended on resume steps past the old last step: never a negative LR."""
+    cfg = LRScheduler(warmup_steps=5, decay_type=decay_type, min_lr_factor=0.1)
+    assert [lr_factor(s, 8, cfg) for s in (8, 9, 20)] == pytest.approx([0.1] * 3)

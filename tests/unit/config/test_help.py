@@ -36,6 +36,7 @@ def test_help_of_one_section_and_a_bad_section(capsys):
     [
         [sys.executable, "-X", "importtime", "-m", "torchtitan_ablate.train", "--help"],
         ["./run_train.sh", "--help", "training"],
+        [sys.executable, "-X", "importtime", "estimation.py", "-h"],
     ],
 )
 def test_entry_points_answer_help_without_importing_torch(cmd):

@@ -1,6 +1,8 @@
 """scripts/convert_checkpoint.py: bad inputs are one line and exit code 2, and a failed
 conversion leaves no output folder behind."""
 
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -67,3 +69,32 @@ def test_converts_into_a_new_folder_only(debug_dcp, tmp_path, capsys):
     assert convert_checkpoint.main(argv) == ["config.json", "model.safetensors"]
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # the temporary folder was renamed
     assert "exists and is not an empty folder" in fails(argv, capsys)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("cut", "is damaged: its tensors cannot be read (RuntimeError: PytorchStreamReader "),
+        ("emptied", "is damaged: its tensors cannot be read (EOFError); convert another step"),
+        ("metadata", ".metadata is damaged (UnpicklingError"),
+    ],
+)
+def test_a_damaged_checkpoint_is_one_line(debug_dcp, tmp_path, capsys, damage, message):
+    ckpt = tmp_path / "step-1"
+    shutil.copytree(debug_dcp, ckpt)
+    if damage in ("cut", "emptied"):  # a copy or a save that stopped part-way
+        (shard,) = ckpt.glob("*.distcp")
+        os.truncate(shard, shard.stat().st_size // 2 if damage == "cut" else 1000)
+    else:
+        (ckpt / ".metadata").write_bytes(b"\x80\x04garbage")
+    argv = ["--to", "hf", str(ckpt), str(tmp_path / "out"), "--flavor", "debugmodel"]
+    assert message in fails(argv, capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1"]
+
+
+def test_the_output_folder_has_the_usual_permissions(debug_dcp, tmp_path):
+    umask = os.umask(0o022)  # read it back (and keep it)
+    os.umask(umask)
+    out = tmp_path / "out"
+    convert_checkpoint.main(["--to", "hf", str(debug_dcp), str(out), "--flavor", "debugmodel"])
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's 0700

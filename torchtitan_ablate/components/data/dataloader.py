@@ -7,12 +7,17 @@ and the packing carry-over, so loading it into a freshly built loader continues 
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import threading
 import warnings
 
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from torchtitan_ablate.components.data.datasets import (
+    CHECK_BYTES,
     SyntheticDocuments,
     TextDocuments,
     list_text_files,
@@ -22,6 +27,8 @@ from torchtitan_ablate.components.data.sft import SFT_PACKING_MODES, ChatDocumen
 from torchtitan_ablate.components.tokenizer import Tokenizer
 
 DATASETS = ("synthetic", "text", "chat")
+
+logger = logging.getLogger("torchtitan_ablate")
 
 
 def build_dataloader(
@@ -51,12 +58,14 @@ def build_dataloader(
     assert dataset != "chat" or data_sharding == "documents", data_sharding
     if dataset == "chat":  # SFT: assistant-only labels, conversations kept whole
         chats = ChatDocuments(list_text_files(dataset_path, dataset), tokenizer, seq_len)
+        _check_up_front(chats)
         rows = SFTDataset(chats, seq_len, packing, tokenizer.pad_id, dp_rank, dp_world_size)
     else:
         if dataset == "synthetic":
             source = SyntheticDocuments(tokenizer.vocab_size, seq_len, seed)
         else:
             source = TextDocuments(list_text_files(dataset_path, dataset), tokenizer)
+            _check_up_front(source)
         rows = PackedDataset(
             source,
             seq_len=seq_len,
@@ -80,4 +89,28 @@ def build_dataloader(
             num_workers=num_workers,
             pin_memory=pin_memory,
             generator=generator,
+            worker_init_fn=_leave_sigterm_to_the_trainer if num_workers > 0 else None,
         )
+
+
+def _check_up_front(source: TextDocuments) -> None:
+    if not source.check_lines():
+        logger.info(
+            f"data: checked the first {CHECK_BYTES / 2**30:.0f} GiB of {len(source.files)} files "
+            "before training; the rest is checked as it is read"
+        )
+
+
+def _leave_sigterm_to_the_trainer(worker_id: int) -> None:
+    """A loader worker ends on its training process's SIGTERM only. torchrun and batch
+    schedulers send SIGTERM to every process of the job, and a worker killed by it would fail
+    the step before the checkpoint that the trainer saves on that signal; the training process's
+    own SIGTERM (how multiprocessing ends daemon workers at exit) still ends the worker."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started later inherit it
+    threading.Thread(target=_exit_on_parents_sigterm, args=(os.getppid(),), daemon=True).start()
+
+
+def _exit_on_parents_sigterm(parent: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(0)

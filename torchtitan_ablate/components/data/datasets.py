@@ -10,12 +10,15 @@ Text formats (files, or folders searched recursively in sorted path order):
   .jsonl  one document per non-blank line, {"text": "..."} (other keys ignored)
   .txt    one document per paragraph; paragraphs are separated by one or more blank lines
 Files are read in the same order every epoch (no shuffling: shuffle the data beforehand).
+Every line is checked once before training (TextDocuments.check_lines); a shard that runs out of
+documents starts over with one warning.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,11 @@ from torchtitan_ablate.config import ConfigError
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 KEY = "training.dataset_path"
+# How much data check_lines reads before training: all of it up to here (a few seconds of JSON
+# parsing per GiB), the first part of a larger corpus (the rest is checked as it is read).
+CHECK_BYTES = 2**30
+
+logger = logging.getLogger("torchtitan_ablate")
 
 
 class DatasetError(ConfigError):
@@ -120,6 +128,7 @@ class TextDocuments:
         self.files, self.tokenizer = files, tokenizer
         self.shard, self.num_shards = 0, 1
         self.epoch, self.file_idx, self.offset, self.line_no, self.doc_idx = 0, 0, 0, 0, 0
+        self.warned_repeat = False  # per process, not state: one warning per run
 
     def set_shard(self, shard: int, num_shards: int) -> None:
         self.shard, self.num_shards = shard, num_shards
@@ -131,9 +140,32 @@ class TextDocuments:
         """This shard's raw document as an item to yield, or None to skip it."""
         return self.tokenizer.encode(_decode(path, raw, first_line)) or None
 
+    def _check_line(self, path: Path, raw: bytes, line_no: int) -> None:
+        """DatasetError (one line naming file and line) when a line cannot be read."""
+        _decode(path, raw, line_no)
+
+    def check_lines(self, max_bytes: int = CHECK_BYTES) -> bool:
+        """Reads every non-blank line once, before the model is built, so that a bad line stops
+        the run at start-up (on every rank alike) instead of steps into it; True when all of
+        the data was checked, False when it stopped after max_bytes."""
+        left = max_bytes
+        for path in self.files:
+            try:
+                fh = open(path, "rb")
+            except OSError as e:
+                raise DatasetError(f"{KEY}: cannot read {path}: {e.strerror}") from None
+            with fh:
+                for line_no, line in enumerate(fh, 1):
+                    if left <= 0:
+                        return False
+                    left -= len(line)
+                    if line.strip():
+                        self._check_line(path, line, line_no)
+        return True
+
     def __iter__(self) -> Iterator:
         while True:
-            fresh_epoch, yielded = self.file_idx == 0 and self.offset == 0, False
+            fresh_epoch, yielded, tokens = self.file_idx == 0 and self.offset == 0, False, 0
             while self.file_idx < len(self.files):
                 path = self.files[self.file_idx]
                 for raw, first_line, last_line, end in self._raw_docs(path):
@@ -143,11 +175,29 @@ class TextDocuments:
                         item = self._to_item(path, raw, first_line)
                         if item is not None:
                             yielded = True
+                            tokens += len(item[0] if isinstance(item, tuple) else item)
                             yield item
                 self.file_idx, self.offset, self.line_no = self.file_idx + 1, 0, 0
             if fresh_epoch and not yielded:  # else this shard would loop forever, yielding nothing
                 raise DatasetError(self._no_item_message())
+            if not self.warned_repeat:
+                self.warned_repeat = True
+                logger.warning(self._repeat_message(tokens if fresh_epoch else None))
             self.epoch, self.file_idx, self.doc_idx = self.epoch + 1, 0, 0
+
+    def _repeat_message(self, tokens: int | None) -> str:
+        where = f"{self.files[0]}{' ...' if len(self.files) > 1 else ''}"
+        reader, docs = "the data", f"{self.doc_idx:,}"
+        if self.num_shards > 1:
+            mine = len(range(self.shard, self.doc_idx, self.num_shards))
+            reader = f"shard {self.shard} of {self.num_shards} (data-parallel ranks x workers)"
+            docs = f"its {mine:,} of the {self.doc_idx:,}"
+        toks = f", {tokens:,} tokens" if tokens is not None else ""
+        return (
+            f"{where}: {reader} has been read to the end ({docs} documents{toks}) and starts "
+            f"over (epoch {self.epoch + 2}): the rest of the run repeats data; give more data "
+            "or fewer training.steps to train on each document once"
+        )
 
     def _no_item_message(self) -> str:
         where = f"{KEY}: {self.files[0]}{' ...' if len(self.files) > 1 else ''}"

@@ -96,6 +96,9 @@ class ChatDocuments(TextDocuments):
 
     empty_item_name = "conversation with an assistant token"
 
+    def _check_line(self, path: Path, raw: bytes, line_no: int) -> None:
+        _messages(path, raw, line_no)
+
     def _to_item(self, path: Path, raw: bytes, first_line: int) -> Conversation | None:
         tokens, mask = self.render(_messages(path, raw, first_line))
         tokens, mask = tokens[: self.seq_len], mask[: self.seq_len]

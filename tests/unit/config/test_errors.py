@@ -1,0 +1,62 @@
+"""config/errors.py: which failures become one line (and which exit code), and the error file
+that carries a rank's line to the launcher."""
+
+import errno
+
+import pytest
+from torch.distributed.checkpoint import CheckpointException
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from torchtitan_ablate.config.errors import ConfigError, one_line, report
+
+
+def test_a_full_disk_inside_dcps_exception_is_one_line(tmp_path):
+    full = OSError(errno.ENOSPC, "No space left on device")
+    wrapped = CheckpointException("CheckpointException ranks:dict_keys([0])", {0: (full, None)})
+    line, code = one_line(wrapped, str(tmp_path))
+    assert code == 2 and line.startswith("error: no space left on device (No space left on")
+    assert f"writing {tmp_path} (" in line and "MiB free there)" in line
+    quota = OSError(errno.EDQUOT, "Disk quota exceeded")
+    assert one_line(RuntimeError("save failed"), ".") is None
+    try:
+        raise RuntimeError("save failed") from quota
+    except RuntimeError as e:
+        assert one_line(e, ".")[0].startswith("error: no space left on device (Disk quota")
+
+
+def test_torch_saves_short_write_names_the_disk(tmp_path):
+    short = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    e = CheckpointException("CheckpointException ranks:dict_keys([1])", {1: (short, None)})
+    line, code = one_line(e, str(tmp_path))
+    assert code == 2 and "is probably full" in line and "unexpected pos 704 vs 598" in line
+
+
+def test_a_lost_peer_is_one_line_only_between_ranks(monkeypatch):
+    gloo = RuntimeError(
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:1234. This is typically caused by a remote worker crashing."
+    )
+    assert one_line(gloo) is None  # one process: not a peer's doing, keep the traceback
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    line, code = one_line(gloo)
+    assert code == 1 and line.startswith(
+        "error: rank 1: a collective failed (Connection closed by peer [127.0.0.1]:1234): "
+    )
+
+
+@pytest.mark.parametrize("e", [KeyError("x"), ValueError("bug"), SystemExit(3)])
+def test_other_failures_keep_their_traceback(e):
+    assert one_line(e) is None
+
+
+def test_config_errors_and_the_error_file_the_launcher_reads(tmp_path, monkeypatch, capsys):
+    line, code = one_line(ConfigError("training.steps = 0: must be >= 1"))
+    assert (line, code) == ("config error: training.steps = 0: must be >= 1", 2)
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    report(line)
+    assert capsys.readouterr().err == line + "\n"
+    # torchrun's own reader of a worker's error file gets the line back.
+    failure = ProcessFailure(local_rank=1, pid=1, exitcode=2, error_file=str(error_file))
+    assert failure.message == line

@@ -1,0 +1,130 @@
+"""Run an ablation: one base recipe, named variants, one report.
+
+    ttablate-ablate train_configs/ablations/zero2_vs_zero3_vs_hsdp.toml --ngpu 4 \\
+        --set model.flavor=debugmodel --set training.seq_len=64 --set training.steps=5
+    ttablate-ablate ABLATION.toml --dry-run      # validate + predict memory, no training
+    ttablate-ablate ABLATION.toml --resume       # skip runs that finished before
+    ttablate-ablate --report OUT                 # rebuild the report from finished runs
+
+(`python scripts/ablate.py ...` is the same command.) Runs launch the checkout's ./run_train.sh,
+so planning and running need the package installed from a clone (pip install -e .); --report
+works anywhere. Exit code 2 for a bad ablation file, option, --set or variant, or a --report
+folder without ablation.json (one line naming it), 0 otherwise: a failed run is recorded in the
+report and the others go on. See docs/ablation.md.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from torchtitan_ablate.ablate.spec import AblationError, load_spec, parse_sets
+
+# The checkout this package lives in (an editable install); recipes and run_train.sh are there.
+ROOT = Path(__file__).resolve().parents[2]
+PROG = "ttablate-ablate"
+
+
+def parse_args(argv: list[str], prog: str = PROG) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument("ablation", nargs="?", help="ablation TOML (train_configs/ablations/*.toml)")
+    p.add_argument("--out", help="output folder (default outputs/ablations/<name>)")
+    p.add_argument("--dry-run", action="store_true", help="validate and predict memory only")
+    p.add_argument("--resume", action="store_true", help="skip runs that finished before")
+    p.add_argument("--ngpu", type=int, help="processes per run (default: the file's ngpu)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override for every variant (last word; repeatable)")  # fmt: skip
+    p.add_argument("--report", metavar="DIR", help="only rebuild the report in DIR")
+    p.add_argument("--no-estimate", action="store_true", help="skip the memory prediction")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="run the valid variants even if others fail validation")  # fmt: skip
+    p.add_argument("--timeout", type=float, default=0.0, help="seconds per run (0 = none)")
+    args = p.parse_args(argv)
+    if not args.ablation and not args.report:
+        p.error("give an ablation file, or --report DIR")
+    if args.ngpu is not None and args.ngpu < 1:
+        p.error(f"--ngpu {args.ngpu}: processes per run, at least 1")
+    if not args.timeout >= 0:  # also rejects nan
+        p.error(f"--timeout {args.timeout:g}: seconds per run, 0 (no limit) or more")
+    return args
+
+
+def _gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def print_plan(plan: dict) -> None:
+    print(f"{plan['spec']['name']}: {plan['spec']['config_file']} on {plan['ngpu']} process(es)")
+    print(f"{'variant':<22} {'mesh':<22} {'gbs':>4} {'ga':>3} {'steps':>5}  {'seeds':<10} "
+          "predicted GiB  fits")  # fmt: skip
+    for v in plan["variants"]:
+        if v["error"]:
+            print(f"{v['name']:<22} INVALID")
+            continue
+        lay, mem = v["layout"], v["memory"]
+        fits = {True: "yes", False: "NO", None: "n/a"}[mem["fits"]]
+        seeds = ",".join(str(s) for s in v["seeds"])
+        print(
+            f"{v['name']:<22} {lay['mesh']:<22} {lay['global_batch_size']:>4} "
+            f"{lay['grad_accum']:>3} {lay['steps']:>5}  {seeds:<10} "
+            f"{_gib(mem['predicted_peak_gib']):>13}  {fits}"
+        )
+    notes = {v["memory"]["note"] for v in plan["variants"] if not v["error"]} - {""}
+    for note in sorted(notes):
+        print(f"predicted memory {note}")
+    from torchtitan_ablate.ablate.runner import data_note
+
+    if note := data_note(plan["variants"]):
+        print(note)
+    for v in plan["variants"]:
+        if v["error"]:
+            print(f"error: {v['error']}")
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv, prog)
+    if args.ablation and not (ROOT / "run_train.sh").is_file():
+        print(
+            f"ablation error: {prog} launches ./run_train.sh of a repository checkout and this "
+            f"install ({ROOT}) has none; install from a clone with pip install -e .",
+            file=sys.stderr,
+        )
+        return 2
+    # Paths as the user typed them, then work from the repository root: ablation files name
+    # their base recipe relative to it, and run_train.sh runs there.
+    ablation = args.ablation and os.path.relpath(Path(args.ablation).resolve(), ROOT)
+    out_arg = args.out and Path(args.out).resolve()
+    report_dir = args.report and Path(args.report).resolve()
+    os.chdir(ROOT)
+    from torchtitan_ablate.ablate.report import write_report
+    from torchtitan_ablate.ablate.runner import make_plan, run_all, write_plan
+
+    try:
+        if report_dir:
+            rows = write_report(report_dir)
+            print("\n".join(r["verdict"] for r in rows))
+            print(f"report: {report_dir / 'report.md'}")
+            return 0
+        spec = load_spec(ablation)
+        sets = parse_sets(args.set)
+    except AblationError as e:
+        print(f"ablation error: {e}", file=sys.stderr)
+        return 2
+    command = [*prog.split(), *argv]
+    plan = make_plan(spec, ablation, args.ngpu, sets, command, not args.no_estimate)
+    print_plan(plan)
+    invalid = [v for v in plan["variants"] if v["error"]]
+    if args.dry_run or (invalid and not args.skip_invalid):
+        if invalid and not args.dry_run:
+            print("not running: fix the variants above or pass --skip-invalid", file=sys.stderr)
+        return 2 if invalid else 0
+    out = out_arg or (ROOT / "outputs" / "ablations" / spec.name)
+    write_plan(plan, out)
+    run_all(plan, out, args.resume, args.timeout)
+    rows = write_report(out)
+    print("\n".join(r["verdict"] for r in rows))
+    print(f"report: {out / 'report.md'}")
+    return 0

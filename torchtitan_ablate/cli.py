@@ -1,0 +1,32 @@
+"""Console commands of an installed package (pyproject.toml [project.scripts]).
+
+    ttablate-train     = python -m torchtitan_ablate.train        (one process; torchrun for more)
+    ttablate-estimate  = python estimation.py                      (per-GPU peak memory, no GPU)
+    ttablate-ablate    = python scripts/ablate.py                  (torchtitan_ablate/ablate/cli.py)
+
+Both commands here take `--job.config_file X [--section.key value ...]`. Relative paths inside
+the TOML are found from the TOML's folder; those on the command line and job.dump_folder are
+relative to the current directory (config/paths.py).
+"""
+
+import runpy
+import sys
+
+
+def train() -> None:
+    """`python -m torchtitan_ablate.train`, run as that module's __main__ so the command and the
+    module can never drift apart (argument handling, exit codes)."""
+    runpy.run_module("torchtitan_ablate.train", run_name="__main__", alter_sys=True)
+
+
+def estimate(argv: list[str] | None = None) -> None:
+    """Per-GPU peak-memory estimate without a GPU: `ttablate-estimate --job.config_file X`
+    [--memory_estimation.world_size N] [--memory_estimation.device_memory_gib G]
+    [--memory_estimation.output estimate.json] [any --section.key value]."""
+    from torchtitan_ablate.config.help import exit_if_help
+
+    exit_if_help(sys.argv[1:] if argv is None else argv, "python estimation.py")
+    from torchtitan_ablate.config import run_main  # after the help: the estimator imports torch
+    from torchtitan_ablate.memory import estimate_main
+
+    run_main(estimate_main, argv)

@@ -1,0 +1,52 @@
+"""Non-finite values (NaN, Inf): in a step's loss and gradient norm, and in a state dict.
+
+Every answer is the same on every rank, so all ranks stop (or skip, or refuse a checkpoint)
+together instead of leaving the others waiting in a collective: the step's loss is summed over
+the loss group and the gradient norm is global, and a state dict's count is summed over all
+ranks.
+"""
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced a non-finite loss, gradient norm or state; the message is one line."""
+
+
+def nonfinite_step_values(loss: torch.Tensor, grad_norm: torch.Tensor) -> str | None:
+    """None when both are finite, else which is not, e.g. "loss = nan, grad_norm = nan".
+    `loss` is the loss-group total and `grad_norm` the global norm. One host sync."""
+    values = torch.stack([loss.detach().float(), grad_norm.detach().float().to(loss.device)])
+    named = zip(("loss", "grad_norm"), values.tolist())
+    bad = [f"{name} = {value}" for name, value in named if not math.isfinite(value)]
+    return ", ".join(bad) or None
+
+
+def nonfinite_entries(state: dict[str, object], limit: int = 3) -> tuple[int, list[str]]:
+    """How many floating-point tensors of `state` hold a NaN or Inf on any rank (a DTensor
+    counts its local shard), and up to `limit` of this rank's names. Every rank must call it."""
+    names, flags = [], []
+    for name, value in state.items():
+        if isinstance(value, DTensor):
+            value = value.to_local()
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+            flags.append(~torch.isfinite(value).all())
+            names.append(name)
+    # Gathered on one device (optimizer step counts live on the CPU): one host sync in all.
+    bad = torch.stack([f.to(flags[0].device) for f in flags]).tolist() if flags else []
+    local = [n for n, b in zip(names, bad) if b]
+    return _sum_over_ranks(len(local)), local[:limit]
+
+
+def _sum_over_ranks(count: int) -> int:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return count
+    # NCCL reduces only CUDA tensors; gloo (CPU ranks) takes CPU ones.
+    cuda = dist.get_backend() == "nccl"
+    total = torch.tensor(count, device=torch.cuda.current_device() if cuda else "cpu")
+    dist.all_reduce(total)
+    return int(total.item())
