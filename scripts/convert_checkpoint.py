@@ -22,7 +22,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import secrets
 import shutil
 import sys
@@ -33,8 +32,8 @@ from pathlib import Path
 import tomllib
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from torchtitan_ablate.components.dcp_model import find_run_toml, read_dcp_model
 from torchtitan_ablate.components.hf_checkpoint import (
     SafetensorsFolder,
     hf_model_args,
@@ -49,11 +48,9 @@ from torchtitan_ablate.models.qwen3 import (
 
 
 def find_run_config(dcp_dir: Path) -> dict | None:
-    """The config.toml of the run that wrote dcp_dir (its dump folder is 1-3 levels up)."""
-    for parent in [dcp_dir, *list(dcp_dir.resolve().parents)[:3]]:
-        if (parent / "config.toml").is_file():
-            return tomllib.loads((parent / "config.toml").read_text())
-    return None
+    """The config.toml of the run that wrote dcp_dir, parsed (None when there is none)."""
+    toml = find_run_toml(dcp_dir)
+    return None if toml is None else tomllib.loads(toml.read_text())
 
 
 def _hf_args(path: Path) -> Qwen3ModelArgs:
@@ -92,76 +89,6 @@ def resolve_args(flavor: str | None, run: dict | None, dcp_dir: Path) -> Qwen3Mo
     if model.get("vocab_size", -1) > 0:
         args = dataclasses.replace(args, vocab_size=model["vocab_size"])
     return args
-
-
-def check_sizes(found: dict[str, tuple[int, ...]], args: Qwen3ModelArgs, dcp_dir: Path) -> None:
-    """The checkpoint holds every weight of the model sizes, in their shapes: a wrong --flavor
-    is named before anything is loaded or written."""
-    expected = Qwen3StateDictAdapter(args).native_shapes()
-    if args.tie_embeddings:
-        expected.pop("output.weight", None)  # tied checkpoints may store it once
-    missing = [k for k in expected if k not in found]
-    wrong = [k for k in expected if k in found and tuple(found[k]) != tuple(expected[k])]
-    if missing or wrong:
-        key = (wrong or missing)[0]
-        example = (
-            f"{key} is {list(found[key])}, the sizes say {list(expected[key])}"
-            if wrong
-            else f"no {key}"
-        )
-        raise ValueError(
-            f"{dcp_dir} does not match the model sizes ({len(wrong)} entries of another shape, "
-            f"{len(missing)} missing; e.g. {example}): pass the --flavor it was trained with"
-        )
-
-
-LORA_ADAPTER_KEY = re.compile(r"\.lora_[ab](_w[123])?$")  # linear: .lora_a; experts: .lora_a_w1
-
-
-def read_dcp_model(dcp_dir: Path, args: Qwen3ModelArgs) -> dict[str, torch.Tensor]:
-    """The model entries (base weights and LoRA adapters) of a DCP checkpoint, as full tensors."""
-    if not (dcp_dir / ".metadata").is_file():
-        raise ValueError(
-            f"{dcp_dir} is not a DCP checkpoint (no .metadata): give a "
-            "<dump_folder>/checkpoint/step-N folder or one written by --to dcp"
-        )
-    try:
-        metadata = dcp.FileSystemReader(str(dcp_dir)).read_metadata()
-    except Exception as e:  # a cut-off or overwritten .metadata: any unpickling error
-        raise ValueError(f"{dcp_dir}/.metadata is damaged ({type(e).__name__}: {e})") from None
-    tensors = {
-        k: tuple(m.size)
-        for k, m in metadata.state_dict_metadata.items()
-        if isinstance(m, TensorStorageMetadata)
-    }
-    check_sizes(tensors, args, dcp_dir)
-    expected = Qwen3StateDictAdapter(args).native_shapes()
-    state = {}
-    for key, meta in metadata.state_dict_metadata.items():
-        # Adapters by their own names: the optimizer's entries for them (".lora_a_w1.step")
-        # carry the same infix.
-        adapter = LORA_ADAPTER_KEY.search(key) is not None
-        if isinstance(meta, TensorStorageMetadata) and (key in expected or adapter):
-            state[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
-    try:
-        dcp.load(state, checkpoint_id=str(dcp_dir), no_dist=True)
-    except (Exception, dcp.CheckpointException) as e:  # the latter is a BaseException
-        raise ValueError(
-            f"{dcp_dir} is damaged: its tensors cannot be read ({_first_error(e)}); convert "
-            "another step"
-        ) from None
-    if args.tie_embeddings:
-        state.pop("output.weight", None)
-    return state
-
-
-def _first_error(e: BaseException) -> str:
-    """The underlying error of DCP's CheckpointException (which wraps each rank's)."""
-    failures = getattr(e, "failures", None)
-    if isinstance(failures, dict) and failures:
-        e = next(iter(failures.values()))[0]
-    first = str(e).strip().split(". ")[0].splitlines()[0][:200] if str(e).strip() else ""
-    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 def to_hf(dcp_dir: Path, out_dir: Path, flavor: str | None, dtype: str | None,

@@ -27,9 +27,7 @@ from pathlib import Path
 
 import torch
 
-# A sibling script: Python runs a script with its own folder first on the import path.
-from convert_checkpoint import read_dcp_model
-
+from torchtitan_ablate.components.dcp_model import find_run_toml, read_dcp_model
 from torchtitan_ablate.components.hf_checkpoint import load_hf_weights
 from torchtitan_ablate.components.tokenizer import Tokenizer, build_tokenizer
 from torchtitan_ablate.config import ConfigError, JobConfig, load_config
@@ -37,15 +35,6 @@ from torchtitan_ablate.models.common.lora import merge_lora_state_dict
 from torchtitan_ablate.models.qwen3 import Qwen3Model, Qwen3ModelArgs
 from torchtitan_ablate.models.qwen3.generate import generate
 from torchtitan_ablate.models.qwen3.sizes import build_model_args, hf_model_args
-
-
-def find_run_toml(dcp_dir: Path) -> Path | None:
-    """The config.toml of the run that wrote dcp_dir (its dump folder, two levels up from a
-    step-N folder; up to three levels are searched, as convert_checkpoint does)."""
-    for parent in [dcp_dir, *list(dcp_dir.resolve().parents)[:3]]:
-        if (parent / "config.toml").is_file():
-            return parent / "config.toml"
-    return None
 
 
 def dcp_sizes(dcp_dir: Path, config: Path | None) -> tuple[Qwen3ModelArgs, JobConfig | None]:
