@@ -2,7 +2,8 @@
 # Launcher: ./run_train.sh [--section.key value ...]
 #   CONFIG_FILE  TOML recipe (default train_configs/debug_model.toml)
 #   NGPU         processes per node (default: visible GPUs, else 1; on CPU: gloo processes)
-#   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT  multi-node torchrun rendezvous
+#   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT  multi-node torchrun rendezvous (one node
+#                without MASTER_PORT: a free port)
 set -euo pipefail
 cd "$(dirname "$0")"
 for arg in "$@"; do  # help needs only the package's config code: no environment, no torch
@@ -18,8 +19,12 @@ if [ -z "${NGPU:-}" ]; then
 fi
 NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
-MASTER_ADDR=${MASTER_ADDR:-localhost}
-MASTER_PORT=${MASTER_PORT:-29500}
+# One node and no MASTER_PORT: no port is passed, and torchrun then rendezvouses on a free one
+# (localhost:0, as --standalone), so a second job on the same machine does not crash on 29500.
+rdzv=()
+if [ "$NNODES" != "1" ] || [ -n "${MASTER_PORT:-}" ]; then
+  rdzv=(--master_addr="${MASTER_ADDR:-localhost}" --master_port="${MASTER_PORT:-29500}")
+fi
 
 if [ "$NGPU" = "1" ] && [ "$NNODES" = "1" ]; then
   exec "$PYTHON" -m torchtitan_ablate.train --job.config_file "$CONFIG_FILE" "$@"
@@ -30,7 +35,6 @@ fi
 # this many seconds before torchrun kills them (torch's default, 30, is short for a large save).
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-300}
 exec "$PYTHON" -m torchtitan_ablate.launch \
-  --nproc_per_node="$NGPU" --nnodes="$NNODES" --node_rank="$NODE_RANK" \
-  --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" \
+  --nproc_per_node="$NGPU" --nnodes="$NNODES" --node_rank="$NODE_RANK" "${rdzv[@]}" \
   --local-ranks-filter="${LOG_RANK:-0}" --role=rank --tee=3 \
   -m torchtitan_ablate.train --job.config_file "$CONFIG_FILE" "$@"

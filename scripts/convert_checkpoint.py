@@ -1,6 +1,7 @@
 """Convert checkpoints between our DCP format and Hugging Face safetensors (one process, CPU).
 
     python scripts/convert_checkpoint.py --to hf  DCP_DIR OUT_DIR [--flavor F] [--dtype bfloat16]
+                                         [--peft PEFT_DIR]
     python scripts/convert_checkpoint.py --to dcp HF_DIR  OUT_DIR
 
 --to hf   DCP_DIR is a training checkpoint (`<dump_folder>/checkpoint/step-N`, only the model
@@ -11,6 +12,9 @@
           from the run's [lora] section or --lora_alpha). Writes config.json + model.safetensors
           (sharded with an index above --max_shard_gib) that transformers' from_pretrained loads;
           the tokenizer files of the run's HF starting point are copied when known.
+          --peft PEFT_DIR also writes the adapters unmerged in Hugging Face PEFT's layout
+          (adapter_config.json + adapter_model.safetensors, for PeftModel.from_pretrained on
+          the base model); adapters on MoE experts have no PEFT layout and are refused.
 --to dcp  Writes a model-only DCP checkpoint plus the HF config.json (so model.flavor = "auto"
           works with checkpoint.initial_load_path = OUT_DIR, initial_load_format = "dcp").
 """
@@ -39,6 +43,7 @@ from torchtitan_ablate.components.hf_checkpoint import (
     hf_model_args,
     save_hf_checkpoint,
 )
+from torchtitan_ablate.components.peft_export import save_peft_adapters
 from torchtitan_ablate.models.common.lora import merge_lora_state_dict
 from torchtitan_ablate.models.qwen3 import (
     Qwen3ModelArgs,
@@ -92,31 +97,50 @@ def resolve_args(flavor: str | None, run: dict | None, dcp_dir: Path) -> Qwen3Mo
 
 
 def to_hf(dcp_dir: Path, out_dir: Path, flavor: str | None, dtype: str | None,
-          max_shard_gib: float, lora_alpha: float | None) -> list[str]:  # fmt: skip
+          max_shard_gib: float, lora_alpha: float | None,
+          peft_dir: Path | None = None) -> list[str]:  # fmt: skip
     run = find_run_config(dcp_dir)
     args = resolve_args(flavor, run, dcp_dir)
     state = read_dcp_model(dcp_dir, args)
-    if any(".lora_" in k for k in state):
-        alpha = lora_alpha if lora_alpha is not None else (run or {}).get("lora", {}).get("alpha")
-        if alpha is None:
+    lora = (run or {}).get("lora", {})
+    ckpt = (run or {}).get("checkpoint", {})
+    has_adapters = any(".lora_" in k for k in state)
+    if has_adapters or peft_dir is not None:
+        alpha = lora_alpha if lora_alpha is not None else lora.get("alpha")
+        if alpha is None and has_adapters:
             raise ValueError(
                 "the checkpoint holds LoRA adapters: pass --lora_alpha (no config.toml)"
             )
-        state = merge_lora_state_dict(state, float(alpha))
-    ckpt = (run or {}).get("checkpoint", {})
-    source = ckpt.get("initial_load_path") if ckpt.get("initial_load_format") == "hf" else None
-    if source and not (Path(source) / "config.json").is_file():
-        source = None
-    if source is None and (dcp_dir / "config.json").is_file():
-        source = dcp_dir
-    return save_hf_checkpoint(
-        state,
-        args,
-        out_dir,
-        dtype=getattr(torch, dtype) if dtype else None,
-        max_shard_bytes=int(max_shard_gib * 2**30),
-        source_dir=source,
-    )
+    if peft_dir is not None:  # before the merge, which drops the adapters
+
+        def save_peft(tmp: Path) -> list[str]:
+            return save_peft_adapters(
+                state, tmp, alpha=float(alpha or 0), dropout=float(lora.get("dropout", 0.0)),
+                base_model=ckpt.get("initial_load_path") or None, is_moe=args.num_experts > 0,
+                dtype=getattr(torch, dtype) if dtype else None,
+            )  # fmt: skip
+
+        write_folder(peft_dir, save_peft)
+    try:
+        if has_adapters:
+            state = merge_lora_state_dict(state, float(alpha))
+        source = ckpt.get("initial_load_path") if ckpt.get("initial_load_format") == "hf" else None
+        if source and not (Path(source) / "config.json").is_file():
+            source = None
+        if source is None and (dcp_dir / "config.json").is_file():
+            source = dcp_dir
+        return save_hf_checkpoint(
+            state,
+            args,
+            out_dir,
+            dtype=getattr(torch, dtype) if dtype else None,
+            max_shard_bytes=int(max_shard_gib * 2**30),
+            source_dir=source,
+        )
+    except BaseException:
+        if peft_dir is not None:  # both outputs or neither
+            shutil.rmtree(peft_dir, ignore_errors=True)
+        raise
 
 
 def to_dcp(hf_dir: Path, out_dir: Path) -> list[str]:
@@ -129,11 +153,15 @@ def to_dcp(hf_dir: Path, out_dir: Path) -> list[str]:
     return sorted(os.listdir(out_dir))
 
 
+def check_new_folder(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out} exists and is not an empty folder: give a new output folder")
+
+
 def write_folder(out: Path, write: Callable[[Path], list[str]]) -> list[str]:
     """Runs write(tmp) on a fresh folder beside out, then renames it to out: a failed
     conversion leaves no partial (or empty) output behind."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"{out} exists and is not an empty folder: give a new output folder")
+    check_new_folder(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Not tempfile.mkdtemp: its folder is mode 0700, and the rename below would keep that.
     tmp = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
@@ -156,7 +184,10 @@ def main(argv: list[str] | None = None) -> list[str]:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="--to hf dtype")
     p.add_argument("--max_shard_gib", type=float, default=5.0)
     p.add_argument("--lora_alpha", type=float, help="LoRA alpha when no config.toml is found")
+    p.add_argument("--peft", type=Path, metavar="PEFT_DIR", help="also the adapters, PEFT layout")
     a = p.parse_args(argv)
+    if a.peft is not None and (a.to != "hf" or a.peft.resolve() == a.out.resolve()):
+        p.error("--peft PEFT_DIR needs --to hf and a folder other than OUT_DIR")
     if not (a.max_shard_gib > 0 and math.isfinite(a.max_shard_gib)):
         p.error(f"--max_shard_gib {a.max_shard_gib:g}: the shard size in GiB, more than 0")
     if not a.src.is_dir():
@@ -164,18 +195,22 @@ def main(argv: list[str] | None = None) -> list[str]:
 
     def convert(tmp: Path) -> list[str]:
         if a.to == "hf":
-            return to_hf(a.src, tmp, a.flavor, a.dtype, a.max_shard_gib, a.lora_alpha)
+            return to_hf(a.src, tmp, a.flavor, a.dtype, a.max_shard_gib, a.lora_alpha, a.peft)
         return to_dcp(a.src, tmp)
 
     try:
         with warnings.catch_warnings():
             # One process by design (no_dist=True); DCP still warns about it on every call.
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            if a.peft is not None:  # both outputs are new folders, or neither is written
+                check_new_folder(a.peft)
             files = write_folder(a.out, convert)
     except (ValueError, OSError) as e:  # unreadable, mismatching or missing inputs
         print(f"convert_checkpoint: error: {str(e).splitlines()[0][:500]}", file=sys.stderr)
         raise SystemExit(2) from None
     print(f"wrote {a.out}: {', '.join(files)}")
+    if a.peft is not None:
+        print(f"wrote {a.peft}: adapter_config.json, adapter_model.safetensors")
     return files
 
 

@@ -9,9 +9,12 @@ _usable() { PYTHONPATH="$_root${PYTHONPATH:+:$PYTHONPATH}" "$1" -c "import $_mod
 
 if [ -n "${PYTHON:-}" ] && _usable "$PYTHON"; then
   :
+elif [ -n "${VIRTUAL_ENV:-}" ] && _usable "$VIRTUAL_ENV/bin/python" && [ -z "${FORCE_VENV:-}" ]; then
+  PYTHON="$VIRTUAL_ENV/bin/python"  # the user's activated environment, used as it is
 elif [ -x "$_root/.venv/bin/python" ] && _usable "$_root/.venv/bin/python"; then
   PYTHON="$_root/.venv/bin/python"
 elif [ -z "${VIRTUAL_ENV:-}" ] && _usable python3 && [ -z "${FORCE_VENV:-}" ]; then
+  # (with a venv activated, python3 is its python, which failed above: set up .venv instead)
   PYTHON=python3
 else
   echo "setting up $_root/.venv (first run) ..." >&2

@@ -144,6 +144,9 @@ def build_data(
         num_workers=t.num_workers,
         pin_memory=device.type == "cuda",
         data_sharding=t.data_sharding,
+        text_field=t.dataset_text_field,
+        shuffle_buffer=t.shuffle_buffer,
+        dataset_weights=t.dataset_weights,
     )
     return tokenizer, dataloader
 

@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
 
 if __name__ == "__main__":  # --help answers before the seconds of torch imports below
     from torchtitan_ablate.config.help import exit_if_help
@@ -26,12 +27,15 @@ import torch  # noqa: E402
 
 from torchtitan_ablate.build import build_data, build_layout, build_run
 from torchtitan_ablate.components.checkpoint import CheckpointManager
+from torchtitan_ablate.components.checkpoint_state import TrainState
 from torchtitan_ablate.components.data import state_same_on_every_rank
 from torchtitan_ablate.components.finite import NonFiniteError
+from torchtitan_ablate.components.loss import num_valid_tokens
 from torchtitan_ablate.components.metrics import MetricsLogger
 from torchtitan_ablate.components.profiling import CommProfiler
 from torchtitan_ablate.components.run_settings import run_settings
 from torchtitan_ablate.components.trace_profiler import TraceProfiler
+from torchtitan_ablate.components.trackers import check_trackers
 from torchtitan_ablate.components.validate import Validator
 from torchtitan_ablate.config import JobConfig, check_dump_folder, run_main, write_config
 from torchtitan_ablate.config.errors import report
@@ -48,6 +52,7 @@ class Trainer:
         self.config = config
         self.device = dist_utils.pick_device(config.training.device)
         check_dump_folder(config.job.dump_folder)  # every rank: all stop with the same line
+        check_trackers(config.metrics)
         world_size = dist_utils.init_distributed(self.device, config.comm.init_timeout_seconds)
         layout = build_layout(config, world_size, self.device.type)
         pd = self.parallel_dims = layout.parallel_dims
@@ -72,7 +77,9 @@ class Trainer:
         self.optimizer, self.lr_scheduler = self.run.optimizer, self.run.lr_scheduler
         self.loss_fn = self.run.loss_fn
 
-        # 3. Checkpoint, metrics, profilers.
+        # 3. Checkpoint, metrics, profilers. tokens_seen rides in the checkpoint, so a resumed
+        # run's count is exact (metrics.jsonl may hold no row at the checkpoint's step).
+        self.train_state = TrainState()
         self.checkpointer = CheckpointManager(
             folder=os.path.join(config.job.dump_folder, config.checkpoint.folder),
             enable=config.checkpoint.enable,
@@ -92,6 +99,7 @@ class Trainer:
             dataloader_state_shared=state_same_on_every_rank(
                 config.training.data_sharding, config.training.num_workers
             ),
+            states={"train_state": self.train_state},
         )
         self.metrics = MetricsLogger(
             config.metrics,
@@ -99,6 +107,7 @@ class Trainer:
             self.device,
             self.model_args.num_flops_per_token(config.training.seq_len),
             self.is_writer,
+            run_config=asdict(config),
         )
         self.comm_profiler = CommProfiler(
             config.metrics,
@@ -138,12 +147,12 @@ class Trainer:
         self.step = self.checkpointer.load()
         if self.step:
             logger.info(f"resumed from step {self.step}")
-        self.metrics.open(resumed_step=self.step)
+        last = config.training.steps
+        self.metrics.open(resumed_step=self.step, last_step=last)
         signal.signal(signal.SIGTERM, self._on_sigterm)
         gc.disable()
         data_iter = iter(self.dataloader)
         records = []
-        last = config.training.steps
         first = self.step + 1
         while self.step < last:
             self.step += 1
@@ -156,10 +165,12 @@ class Trainer:
             self.comm_profiler.step(self.step)
             self.trace_profiler.step(self.step)
             self.metrics.add_tokens(sum(b["input_ids"].numel() for b in batches), data_time)
+            self._count_tokens_seen(batches)
             validate = self.validator is not None and self.validator.should_run(self.step, last)
             log_now = self.metrics.should_log(self.step, last) or validate
             if log_now:
                 values = self._reduce(out, lr)
+                values["tokens_seen"] = self.train_state.tokens_seen
                 if validate:
                     start = time.perf_counter()
                     values["validation_loss"] = self.validator.run(self.model, self.loss_fn)
@@ -199,6 +210,14 @@ class Trainer:
             values["expert_load_imbalance"] = per_layer.mean().item()
             values["expert_load_max_over_mean"] = [round(x, 3) for x in per_layer.tolist()]
         return values
+
+    def _count_tokens_seen(self, batches: list[dict]) -> None:
+        """Adds this step's tokens the loss counts (labels != -100: no padding, no masked SFT
+        prompt) over all ranks. A sync per step, as the non-finite check makes anyway."""
+        local = sum(num_valid_tokens(b["labels"]) for b in batches)
+        total = dist_utils.all_reduce_sum(local, self.parallel_dims.loss_group())
+        self.train_state.step = self.step
+        self.train_state.tokens_seen += int(total.item())
 
     def _count_nonfinite(self, nonfinite: str | None) -> None:
         """Stops at the first non-finite step, or past training.skip_nonfinite_steps of them in

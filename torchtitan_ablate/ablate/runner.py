@@ -109,6 +109,10 @@ def plan_variant(
     for s in seeds:
         run_dir = f"runs/{variant.name}/seed{s}"
         run_args = spec.run_args(variant, s if spec.seeds else None, sets)
+        if config.metrics.enable_wandb:  # one W&B group per ablation, a run per variant x seed
+            if not config.metrics.wandb_group:  # a group the user set is kept
+                run_args.append(f"--metrics.wandb_group={spec.name}")
+            run_args.append(f"--metrics.wandb_run_name={variant.name}-seed{s}")
         entry["runs"].append({"seed": s, "dir": run_dir, "args": run_args})
     return entry
 

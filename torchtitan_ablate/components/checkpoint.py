@@ -293,6 +293,10 @@ class CheckpointManager:
                 f"checkpoint {path} records no settings (an older version saved it): this run's "
                 "optimizer and LR schedule settings apply; what changed cannot be listed"
             )
+        for name in self.states:  # added after the checkpoint was written (train_state)
+            if not any(k == name or k.startswith(f"{name}.") for k in keys):
+                state.pop(name)
+                logger.warning(f"checkpoint {path} has no {name}: it starts from its defaults")
         check_keys(path, state, keys)
         # A smaller model would load silently from a bigger one's checkpoint: refuse it. Other
         # ranks' (or a skipped) data loader and RNG entries are expected to be left unread.

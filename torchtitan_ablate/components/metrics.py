@@ -1,4 +1,5 @@
-"""Per-step metrics: one console line, one JSON object per line in metrics.jsonl, TensorBoard.
+"""Per-step metrics: one console line, one JSON object per line in metrics.jsonl, TensorBoard
+and Weights & Biases (trackers.py).
 
 FLOPs per token follow DESIGN.md: 6 * active non-embedding parameters (output included)
 + 12 * layers * heads * head_dim * seq_len; MFU divides achieved FLOP/s by the device peak.
@@ -7,21 +8,28 @@ FLOPs per token follow DESIGN.md: 6 * active non-embedding parameters (output in
 import json
 import logging
 import os
+import statistics
 import time
+from collections import deque
 from typing import Any
 
 import torch
 
+from torchtitan_ablate.components.trackers import WandbTracker
 from torchtitan_ablate.config.job_config import Metrics as MetricsConfig
 
 logger = logging.getLogger("torchtitan_ablate")
+
+# Recent step times the ETA takes the median of: long enough to ignore a checkpoint save.
+ETA_WINDOW = 20
 
 # Dense bf16 peak TFLOP/s by device-name substring (first match wins).
 PEAK_TFLOPS = [("H200", 989.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0), ("A10G", 125.0)]
 
 
 def device_peak_tflops(device: torch.device, override: float = -1.0) -> float | None:
-    """The device's bf16 peak, or None when unknown (CPU): MFU is then logged as 0."""
+    """The device's bf16 peak, or None when unknown (CPU): MFU is then 0 in metrics.jsonl
+    (a number for the scripts that average it) and n/a on the console."""
     if override > 0:
         return override
     if device.type != "cuda":
@@ -56,7 +64,8 @@ class DeviceMemoryMonitor:
 
 class MetricsLogger:
     """Accumulates tokens and data-loading time between log steps and writes the record
-    (`open` first, once the run knows its first step)."""
+    (`open` first, once the run knows its first step). `run_config` (the resolved config as a
+    dict) goes to Weights & Biases when metrics.enable_wandb; only the writer (rank 0) logs."""
 
     def __init__(
         self,
@@ -65,6 +74,7 @@ class MetricsLogger:
         device: torch.device,
         flops_per_token: float,
         is_writer: bool,
+        run_config: dict[str, Any] | None = None,
     ) -> None:
         self.config = config
         self.flops_per_token = flops_per_token
@@ -74,6 +84,11 @@ class MetricsLogger:
         self.path = os.path.join(dump_folder, "metrics.jsonl")
         self.jsonl = None
         self.tb = None
+        self.wandb = None
+        self.dump_folder, self.run_config = dump_folder, run_config or {}
+        self.step_times: deque[float] = deque(maxlen=ETA_WINDOW)
+        self.last_step = 0
+        self.launch_start = self.step_end = time.perf_counter()  # open() sets them again
         if is_writer:
             os.makedirs(dump_folder, exist_ok=True)
             if config.enable_tensorboard:
@@ -82,11 +97,14 @@ class MetricsLogger:
                 self.tb = SummaryWriter(os.path.join(dump_folder, config.save_tb_folder))
         self._reset_window()
 
-    def open(self, resumed_step: int) -> None:
+    def open(self, resumed_step: int, last_step: int = 0) -> None:
         """Opens metrics.jsonl once the run knows where it starts. A resumed run keeps the rows
         up to its checkpoint's step (the later ones are trained again) and appends; a new run
         never appends to an earlier run's rows: their file is moved aside, as torchtitan gives
-        each launch its own TensorBoard folder."""
+        each launch its own TensorBoard folder. last_step: the run's last step, for `k/N` and
+        the ETA (0: unknown)."""
+        self.last_step = last_step
+        self.launch_start = self.step_end = time.perf_counter()
         if not self.is_writer:
             return
         if os.path.isfile(self.path) and os.path.getsize(self.path) > 0:
@@ -101,6 +119,8 @@ class MetricsLogger:
                 old = move_aside(self.path)
                 logger.warning(f"{self.path} of an earlier run moved to {old}: a new run")
         self.jsonl = open(self.path, "a")
+        if self.config.enable_wandb:
+            self.wandb = WandbTracker(self.config, self.dump_folder, self.run_config)
 
     def _reset_window(self) -> None:
         self.window_start = time.perf_counter()
@@ -111,20 +131,25 @@ class MetricsLogger:
         """Tokens this rank processed (incl. padding) and seconds spent waiting for data."""
         self.window_tokens += num_tokens
         self.window_data_time += data_time
+        now = time.perf_counter()  # called once per step: also times the step for the ETA
+        self.step_times.append(now - self.step_end)
+        self.step_end = now
 
     def exclude_time(self, seconds: float) -> None:
         """Leave time spent outside training (validation) out of this window's tokens/s."""
         self.window_start += seconds
+        self.step_end += seconds
 
     def should_log(self, step: int, last_step: int) -> bool:
         return step == 1 or step % self.config.log_freq == 0 or step == last_step
 
     def log(self, step: int, values: dict[str, Any]) -> dict[str, Any]:
-        """Writes one record: values (loss, grad_norm, lr, ...) plus throughput and memory."""
+        """Writes one record: values (loss, grad_norm, lr, tokens_seen, ...) plus throughput,
+        memory and `time` (UNIX seconds)."""
         elapsed = max(time.perf_counter() - self.window_start, 1e-9)
         tps = self.window_tokens / elapsed
         tflops = tps * self.flops_per_token / 1e12
-        record: dict[str, Any] = {"step": step, **values}
+        record: dict[str, Any] = {"step": step, "time": time.time(), **values}
         record.update(
             tps=tps,
             tflops=tflops,
@@ -138,13 +163,31 @@ class MetricsLogger:
         return record
 
     def _write(self, r: dict[str, Any]) -> None:
-        mem = f"mem {r['memory_max_active_gib']:.2f}/{r['memory_max_reserved_gib']:.2f}GiB"
-        if "memory_max_reserved_pct" in r:
+        logger.info(self._console_line(r))
+        assert self.jsonl is not None
+        self.jsonl.write(json.dumps(r) + "\n")
+        self.jsonl.flush()
+        if self.tb is not None:
+            for k, v in r.items():
+                if k not in ("step", "time") and isinstance(v, (int, float)):
+                    self.tb.add_scalar(k, v, r["step"])
+            self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(r)
+
+    def _console_line(self, r: dict[str, Any]) -> str:
+        """step k/N, the values, then elapsed time and ETA; n/a where the device has no
+        memory statistics or known peak (CPU) rather than a misleading 0."""
+        mem = "mem n/a"
+        if "memory_max_reserved_pct" in r:  # only CUDA reports it
+            mem = f"mem {r['memory_max_active_gib']:.2f}/{r['memory_max_reserved_gib']:.2f}GiB"
             mem += f" ({r['memory_max_reserved_pct']:.0f}%)"
+        mfu = f"mfu {r['mfu']:.1f}%" if self.peak_tflops else "mfu n/a"
+        of = f"/{self.last_step}" if self.last_step else ""
         line = (
-            f"step {r['step']:>5}  loss {r['loss']:.4f}  grad_norm {r['grad_norm']:.3f}  "
+            f"step {r['step']:>5}{of}  loss {r['loss']:.4f}  grad_norm {r['grad_norm']:.3f}  "
             f"lr {r['lr']:.2e}  tps {r['tps']:,.0f}  tflops {r['tflops']:.1f}  "
-            f"mfu {r['mfu']:.1f}%  {mem}  data {100 * r['data_time_frac']:.1f}%"
+            f"{mfu}  {mem}  data {100 * r['data_time_frac']:.1f}%"
         )
         if "validation_loss" in r:
             line += f"  val_loss {r['validation_loss']:.4f}"
@@ -153,21 +196,25 @@ class MetricsLogger:
                 f"  aux {r['moe_aux_loss']:.4f}  expert_load max/mean "
                 f"{r['expert_load_imbalance']:.2f}"
             )
-        logger.info(line)
-        assert self.jsonl is not None
-        self.jsonl.write(json.dumps(r) + "\n")
-        self.jsonl.flush()
-        if self.tb is not None:
-            for k, v in r.items():
-                if k != "step" and isinstance(v, (int, float)):
-                    self.tb.add_scalar(k, v, r["step"])
-            self.tb.flush()
+        line += f"  elapsed {_hms(time.perf_counter() - self.launch_start)}"
+        if self.last_step and self.step_times:
+            eta = statistics.median(self.step_times) * max(self.last_step - r["step"], 0)
+            line += f"  eta {_hms(eta)}"
+        return line
 
     def close(self) -> None:
         if self.jsonl is not None:
             self.jsonl.close()
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.close()
+
+
+def _hms(seconds: float) -> str:
+    """Seconds as h:mm:ss (hours unbounded: a run may last days)."""
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def move_aside(path: str) -> str:

@@ -20,6 +20,7 @@ from typing import Protocol, runtime_checkable
 
 import tiktoken
 
+from torchtitan_ablate.components.chat_template import ChatTemplate, read_chat_template
 from torchtitan_ablate.config import ConfigError
 
 # Qwen2/Qwen3 pre-tokenizer (tokenizer.json "Split" regex): single digits, letters with one
@@ -86,6 +87,7 @@ class TiktokenTokenizer:
             name=name, pat_str=pat_str, mergeable_ranks=ranks, special_tokens=special_tokens
         )
         self.special_tokens = dict(special_tokens)
+        self.chat_template: ChatTemplate | None = None  # set from a tokenizer_config.json
         self.vocab_size = self.encoding.n_vocab
         self.eos_id = _first_special(special_tokens, ("<|endoftext|>", "<|end_of_text|>", "</s>"))
         if self.eos_id is None:
@@ -264,7 +266,9 @@ def build_tokenizer(path: str) -> Tokenizer:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{p} is not valid JSON ({e})") from None
             ranks, specials, pattern = hf_tokenizer_json_to_ranks(data)
-            return TiktokenTokenizer(p.parent.name or p.stem, ranks, specials, pattern)
+            tok = TiktokenTokenizer(p.parent.name or p.stem, ranks, specials, pattern)
+            tok.chat_template = read_chat_template(p.parent)  # SFT renders chats with it
+            return tok
         if p.suffix == ".model":
             return SentencePieceTokenizer(str(p))
     except (OSError, RuntimeError, ValueError, KeyError, TypeError) as e:

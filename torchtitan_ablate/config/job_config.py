@@ -75,8 +75,18 @@ class Training:
     dataset_path; chat: .jsonl ({"messages": [{"role", "content"}, ...]}) rendered in Qwen's
     chat format, loss only on assistant tokens (SFT, see docs/finetuning.md)."""
 
-    dataset_path: str | None = "assets/data/debug_corpus.jsonl"
-    """File or folder for dataset = "text" or "chat"."""
+    dataset_path: str | list[str] | None = "assets/data/debug_corpus.jsonl"
+    """File or folder for dataset = "text" (.txt/.jsonl/.parquet) or "chat"; text: a list of
+    them is a mixture, each document drawn from path i with probability dataset_weights[i]."""
+
+    dataset_weights: list[float] = field(default_factory=list)
+    """Mixture weights, one per dataset_path entry, normalized (empty = equal); seeded by seed."""
+
+    dataset_text_field: str = "text"
+    """JSONL key / parquet column holding a document's text (validation data too)."""
+
+    shuffle_buffer: int = 0
+    """Documents in a seeded shuffle buffer (0 = file order); the checkpoint holds the buffer."""
 
     packing: Literal["greedy", "best_fit", "padding"] = "greedy"
     """greedy: documents joined in order, attention masked per document (text: cut at row ends,
@@ -132,8 +142,8 @@ class Training:
     """auto: CUDA when available, else CPU (gloo between processes)."""
 
     seed: int = 42
-    """Seed for weights, synthetic data and dropout; same seed, same run (text and chat data
-    are read in file order whatever the seed)."""
+    """Seed for weights, synthetic data, dropout, the data mixture and shuffle buffer; same
+    seed, same run."""
 
     deterministic: bool = False
     """Ask torch for deterministic kernels (slower on GPU)."""

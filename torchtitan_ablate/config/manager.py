@@ -194,6 +194,11 @@ def load_config(argv: list[str] | None = None) -> JobConfig:
             for key, value in body.items():
                 if f"{section}.{key}" in PATH_KEYS and isinstance(value, str):
                     value = resolve_toml_path(value, config_file)
+                elif f"{section}.{key}" in PATH_KEYS and isinstance(value, list):  # a mixture
+                    value = [
+                        resolve_toml_path(v, config_file) if isinstance(v, str) else v
+                        for v in value
+                    ]
                 _set(config, section, key, value, config_file)
     for section, key, value in cli:
         _set(config, section, key, value, "command line")

@@ -2,7 +2,8 @@
 memory estimate (what a run observes rather than what it trains). Field docstrings are the
 reference text, as in job_config.py."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass
@@ -44,6 +45,26 @@ class Metrics:
     comm_profile: bool = False
     """Profile a short window of steps with torch.profiler and log the time shares of
     collectives, compute and data loading (communication / CPU overhead)."""
+
+    enable_wandb: bool = False
+    """Also log to Weights & Biases (rank 0): the metrics.jsonl fields and the resolved config.
+    Needs the optional extra: pip install wandb."""
+
+    wandb_project: str = "torchtitan_ablate"
+    """W&B project."""
+
+    wandb_run_name: str = ""
+    """W&B run name; "" = the last folder of job.dump_folder."""
+
+    wandb_group: str = ""
+    """W&B group; "" = none. The ablation runner sets it to the ablation's name."""
+
+    wandb_tags: list[str] = field(default_factory=list)
+    """W&B tags (on the command line: comma-separated)."""
+
+    wandb_mode: Literal["online", "offline"] = "online"
+    """online: stream to the W&B server; offline: write under <dump_folder>/wandb only (no
+    network; upload later with `wandb sync`)."""
 
 
 @dataclass

@@ -75,8 +75,10 @@ def _check_training(t: Training, checkpoint: Checkpoint) -> None:
     )
     _require(
         t.dataset != "text" or bool(t.dataset_path),
-        "training.dataset = 'text' needs training.dataset_path (a .txt/.jsonl file or folder)",
+        "training.dataset = 'text' needs training.dataset_path (a .txt/.jsonl/.parquet file or "
+        "folder, or a list of them)",
     )
+    _check_data_sources(t)
     _require(
         t.exit_at_step == -1 or (checkpoint.enable and 1 <= t.exit_at_step),
         f"training.exit_at_step = {t.exit_at_step} needs checkpoint.enable = true (the run "
@@ -102,6 +104,33 @@ def _check_training(t: Training, checkpoint: Checkpoint) -> None:
     _at_least("training.skip_nonfinite_steps", t.skip_nonfinite_steps, 0, " (0 stops at a NaN)")
     _at_least("training.loss_chunk_size", t.loss_chunk_size, 0, " (0 = plain loss on full logits)")
     _at_least("training.num_workers", t.num_workers, 0, " (0 = load data in the main process)")
+
+
+def _check_data_sources(t: Training) -> None:
+    paths, weights = t.dataset_path, t.dataset_weights
+    if isinstance(paths, list):
+        _require(
+            t.dataset == "text" and len(paths) > 0 and all(paths),
+            f"training.dataset_path = {paths}: a list (a data mixture) needs training.dataset = "
+            "'text' and at least one non-empty path",
+        )
+        _require(
+            not weights or len(weights) == len(paths),
+            f"training.dataset_weights = {weights}: one weight per training.dataset_path entry "
+            f"({len(paths)}), or empty for equal weights",
+        )
+    else:
+        _require(
+            not weights,
+            f"training.dataset_weights = {weights}: weights mix a list of dataset paths; "
+            "training.dataset_path is one path",
+        )
+    _require(
+        all(w > 0 for w in weights),
+        f"training.dataset_weights = {weights}: every weight must be > 0",
+    )
+    _require(bool(t.dataset_text_field), "training.dataset_text_field must not be empty")
+    _at_least("training.shuffle_buffer", t.shuffle_buffer, 0, " (0 = read in file order)")
 
 
 def _check_model(m: Model, parallelism: Parallelism) -> None:

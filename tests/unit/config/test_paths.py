@@ -84,3 +84,13 @@ def test_path_keys_exist():
     for key in PATH_KEYS:
         section, _, name = key.partition(".")
         assert hasattr(getattr(c, section), name), key
+
+
+def test_a_list_of_dataset_paths_resolves_each_entry(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    a = touch(tmp_path / "exp" / "a.jsonl")
+    b = touch(tmp_path / "exp" / "b.jsonl")
+    toml = touch(tmp_path / "exp" / "configs" / "mix.toml")
+    toml.write_text('[training]\ndataset_path = ["a.jsonl", "b.jsonl"]\n')
+    config = load_config(["--job.config_file", str(toml)])
+    assert config.training.dataset_path == [str(a), str(b)]

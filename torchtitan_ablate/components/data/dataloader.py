@@ -2,7 +2,11 @@
 
 Each batch is a dict of LongTensors [B, S]: input_ids, labels (-100 = ignore), positions,
 document_ids (see packing.py). The loader's state_dict() holds, per worker, the source position
-and the packing carry-over, so loading it into a freshly built loader continues exactly.
+(with the mixture's and shuffle buffer's draws and buffered documents, see mixing.py) and the
+packing carry-over, so loading it into a freshly built loader continues exactly.
+
+Sources: synthetic, or text files (one path or a weighted mixture of several), optionally through
+a shuffle buffer; chat files for SFT (sft.py).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from torchtitan_ablate.components.data.datasets import (
     TextDocuments,
     list_text_files,
 )
+from torchtitan_ablate.components.data.mixing import MixedDocuments, ShuffledDocuments, Source
 from torchtitan_ablate.components.data.packing import PACKING_MODES, PackedDataset
 from torchtitan_ablate.components.data.sft import SFT_PACKING_MODES, ChatDocuments, SFTDataset
 from torchtitan_ablate.components.tokenizer import Tokenizer
@@ -34,7 +39,7 @@ logger = logging.getLogger("torchtitan_ablate")
 def build_dataloader(
     *,
     dataset: str,
-    dataset_path: str | None,
+    dataset_path: str | list[str] | None,
     tokenizer: Tokenizer,
     seq_len: int,
     local_batch_size: int,
@@ -45,9 +50,13 @@ def build_dataloader(
     num_workers: int = 0,
     pin_memory: bool = False,
     data_sharding: str = "documents",
+    text_field: str = "text",
+    shuffle_buffer: int = 0,
+    dataset_weights: list[float] | None = None,
 ) -> StatefulDataLoader:
-    """Build this dp rank's infinite loader. dataset_path: a .txt/.jsonl file or folder (chat:
-    .jsonl conversations, see sft.py)."""
+    """Build this dp rank's infinite loader. dataset_path: a .txt/.jsonl/.parquet file or folder,
+    or (text) a list of them mixed by dataset_weights (empty: equal); chat: .jsonl conversations,
+    see sft.py. shuffle_buffer: documents in the shuffle buffer (0 = read in order)."""
     # The user-facing rules on these values live in config/validation.py (load_config).
     modes = SFT_PACKING_MODES if dataset == "chat" else PACKING_MODES
     assert dataset in DATASETS and packing in modes, (dataset, packing)
@@ -56,16 +65,24 @@ def build_dataloader(
     if seq_len < 1 or local_batch_size < 1:
         raise ValueError(f"seq_len={seq_len} and local_batch_size={local_batch_size} must be >= 1")
     assert dataset != "chat" or data_sharding == "documents", data_sharding
+    assert dataset == "text" or not isinstance(dataset_path, list), dataset_path
+    source: Source
     if dataset == "chat":  # SFT: assistant-only labels, conversations kept whole
         chats = ChatDocuments(list_text_files(dataset_path, dataset), tokenizer, seq_len)
         _check_up_front(chats)
-        rows = SFTDataset(chats, seq_len, packing, tokenizer.pad_id, dp_rank, dp_world_size)
+        source = chats
+    elif dataset == "synthetic":
+        source = SyntheticDocuments(tokenizer.vocab_size, seq_len, seed)
+    elif isinstance(dataset_path, list):
+        parts = [_text_source(p, tokenizer, text_field) for p in dataset_path]
+        source = MixedDocuments(parts, dataset_weights or [1.0] * len(parts), seed)
     else:
-        if dataset == "synthetic":
-            source = SyntheticDocuments(tokenizer.vocab_size, seq_len, seed)
-        else:
-            source = TextDocuments(list_text_files(dataset_path, dataset), tokenizer)
-            _check_up_front(source)
+        source = _text_source(dataset_path, tokenizer, text_field)
+    if shuffle_buffer > 0:
+        source = ShuffledDocuments(source, shuffle_buffer, seed)
+    if dataset == "chat":
+        rows = SFTDataset(source, seq_len, packing, tokenizer.pad_id, dp_rank, dp_world_size)
+    else:
         rows = PackedDataset(
             source,
             seq_len=seq_len,
@@ -91,6 +108,12 @@ def build_dataloader(
             generator=generator,
             worker_init_fn=_leave_sigterm_to_the_trainer if num_workers > 0 else None,
         )
+
+
+def _text_source(path: str | None, tokenizer: Tokenizer, text_field: str) -> TextDocuments:
+    source = TextDocuments(list_text_files(path, "text"), tokenizer, text_field)
+    _check_up_front(source)
+    return source
 
 
 def _check_up_front(source: TextDocuments) -> None:

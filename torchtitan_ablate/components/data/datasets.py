@@ -7,11 +7,13 @@ Every shard reads every file's lines, but decodes and tokenizes only its own doc
 is exact only with the same shard layout.
 
 Text formats (files, or folders searched recursively in sorted path order):
-  .jsonl  one document per non-blank line, {"text": "..."} (other keys ignored)
-  .txt    one document per paragraph; paragraphs are separated by one or more blank lines
-Files are read in the same order every epoch (no shuffling: shuffle the data beforehand).
-Every line is checked once before training (TextDocuments.check_lines); a shard that runs out of
-documents starts over with one warning.
+  .jsonl    one document per non-blank line, {"text": "..."} (other keys ignored)
+  .txt      one document per paragraph; paragraphs are separated by one or more blank lines
+  .parquet  one document per row, read by row group (parquet.py; needs pyarrow)
+"text" is training.dataset_text_field. Files are read in the same order every epoch; mixing.py
+adds a shuffle buffer and weighted mixtures on top. Every line is checked once before training
+(TextDocuments.check_lines; parquet: the column's type); a shard that runs out of documents
+starts over with one warning.
 """
 
 from __future__ import annotations
@@ -21,35 +23,21 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
+from torchtitan_ablate.components.data.errors import KEY, DatasetError
+from torchtitan_ablate.components.data.parquet import check_parquet, parquet_rows, require_pyarrow
 from torchtitan_ablate.components.tokenizer import Tokenizer
-from torchtitan_ablate.config import ConfigError
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
-KEY = "training.dataset_path"
+PARQUET = ".parquet"  # dataset = "text" only: chat rows are nested, read from .jsonl
 # How much data check_lines reads before training: all of it up to here (a few seconds of JSON
 # parsing per GiB), the first part of a larger corpus (the rest is checked as it is read).
 CHECK_BYTES = 2**30
 
 logger = logging.getLogger("torchtitan_ablate")
-
-
-class DatasetError(ConfigError):
-    """Bad data under training.dataset_path: one line, exit code 2.
-
-    A loader worker's exception reaches the main process rebuilt from one string, "Caught
-    DatasetError in DataLoader worker process N.\nOriginal Traceback ...: <message>"; only the
-    message is kept, so the user still sees one line.
-    """
-
-    def __init__(self, message: str) -> None:
-        name = type(self).__name__
-        if message.startswith(f"Caught {name} in DataLoader worker"):
-            message = message.rstrip().rsplit(f"{name}: ", 1)[-1]
-        super().__init__(message)
 
 
 class SyntheticDocuments:
@@ -83,26 +71,27 @@ class SyntheticDocuments:
 
 
 def list_text_files(path: str | None, dataset: str = "text") -> list[Path]:
-    """The .txt/.jsonl files under `path` (a file or folder), sorted; DatasetError if none."""
+    """The data files under `path` (a file or folder), sorted; DatasetError if none. Text data
+    reads .txt/.jsonl/.parquet files, chat data .txt/.jsonl (sft.py then keeps .jsonl only)."""
+    suffixes = TEXT_SUFFIXES + ((PARQUET,) if dataset == "text" else ())
+    kinds = "/".join(suffixes)
     if not path:
         raise DatasetError(
-            f"{KEY} is not set: training.dataset = {dataset!r} needs a .txt/.jsonl file or folder"
+            f"{KEY} is not set: training.dataset = {dataset!r} needs a {kinds} file or folder"
         )
     p = Path(path)
     if p.is_dir():
         files = sorted(
             f
             for f in p.rglob("*")
-            if f.is_file() and f.suffix in TEXT_SUFFIXES and not f.name.startswith(".")
+            if f.is_file() and f.suffix in suffixes and not f.name.startswith(".")
         )
         if not files:
-            raise DatasetError(
-                f"{KEY} = {path!r}: the folder holds no {'/'.join(TEXT_SUFFIXES)} files"
-            )
+            raise DatasetError(f"{KEY} = {path!r}: the folder holds no {kinds} files")
     elif p.is_file():
-        if p.suffix not in TEXT_SUFFIXES:
+        if p.suffix not in suffixes:
             raise DatasetError(
-                f"{KEY} = {path!r}: not a {'/'.join(TEXT_SUFFIXES)} file; convert it to "
+                f"{KEY} = {path!r}: not a {kinds} file; convert it to "
                 '.jsonl ({"text": ...} per line) or .txt (blank-line separated paragraphs)'
             )
         files = [p]
@@ -114,18 +103,20 @@ def list_text_files(path: str | None, dataset: str = "text") -> list[Path]:
                 fh.read(1)
         except OSError as e:
             raise DatasetError(f"{KEY}: cannot read {f}: {e.strerror}") from None
+        if f.suffix == PARQUET:
+            require_pyarrow(f)  # fails here, before the model is built, naming the install
     return files
 
 
 class TextDocuments:
-    """Documents from .txt/.jsonl files, re-looped over epochs, resumable mid-file.
+    """Documents from .txt/.jsonl/.parquet files, re-looped over epochs, resumable mid-file.
 
     State: epoch, file index, byte offset and line number in that file, global document index.
     Files are read in binary mode so the byte offset can be saved and seeked to on resume.
     """
 
-    def __init__(self, files: list[Path], tokenizer: Tokenizer) -> None:
-        self.files, self.tokenizer = files, tokenizer
+    def __init__(self, files: list[Path], tokenizer: Tokenizer, text_field: str = "text") -> None:
+        self.files, self.tokenizer, self.text_field = files, tokenizer, text_field
         self.shard, self.num_shards = 0, 1
         self.epoch, self.file_idx, self.offset, self.line_no, self.doc_idx = 0, 0, 0, 0, 0
         self.warned_repeat = False  # per process, not state: one warning per run
@@ -136,13 +127,13 @@ class TextDocuments:
     # What an item is and what a shard without any is called; the chat dataset overrides both.
     empty_item_name = "non-empty document"
 
-    def _to_item(self, path: Path, raw: bytes, first_line: int) -> list[int] | None:
+    def _to_item(self, path: Path, raw: bytes | str, first_line: int) -> list[int] | None:
         """This shard's raw document as an item to yield, or None to skip it."""
-        return self.tokenizer.encode(_decode(path, raw, first_line)) or None
+        return self.tokenizer.encode(_decode(path, raw, first_line, self.text_field)) or None
 
     def _check_line(self, path: Path, raw: bytes, line_no: int) -> None:
         """DatasetError (one line naming file and line) when a line cannot be read."""
-        _decode(path, raw, line_no)
+        _decode(path, raw, line_no, self.text_field)
 
     def check_lines(self, max_bytes: int = CHECK_BYTES) -> bool:
         """Reads every non-blank line once, before the model is built, so that a bad line stops
@@ -150,11 +141,10 @@ class TextDocuments:
         the data was checked, False when it stopped after max_bytes."""
         left = max_bytes
         for path in self.files:
-            try:
-                fh = open(path, "rb")
-            except OSError as e:
-                raise DatasetError(f"{KEY}: cannot read {path}: {e.strerror}") from None
-            with fh:
+            if path.suffix == PARQUET:  # typed columns: the schema says all there is to check
+                check_parquet(path, self.text_field)
+                continue
+            with _open(path) as fh:
                 for line_no, line in enumerate(fh, 1):
                     if left <= 0:
                         return False
@@ -209,13 +199,15 @@ class TextDocuments:
             "documents; give more data or use fewer ranks / loader workers"
         )
 
-    def _raw_docs(self, path: Path) -> Iterator[tuple[bytes, int, int, int]]:
-        """Yield (raw doc, first line, last line read, byte offset after it) from self.offset."""
-        try:
-            fh = open(path, "rb")
-        except OSError as e:
-            raise DatasetError(f"{KEY}: cannot read {path}: {e.strerror}") from None
-        with fh:
+    def _raw_docs(self, path: Path) -> Iterator[tuple[bytes | str, int, int, int]]:
+        """Yield (raw doc, first line, last line read, byte offset after it) from self.offset;
+        for parquet, "line" and "offset" both count rows (a null row is an empty document)."""
+        if path.suffix == PARQUET:
+            start = self.offset  # the caller moves self.offset on as rows are consumed
+            for n, text in enumerate(parquet_rows(path, self.text_field, start), start + 1):
+                yield text or "", n, n, n
+            return
+        with _open(path) as fh:
             fh.seek(self.offset)
             offset, line_no, para, first = self.offset, self.line_no, [], 0
             is_txt = path.suffix == ".txt"
@@ -242,7 +234,9 @@ class TextDocuments:
         self.line_no, self.doc_idx = state["line_no"], state["doc_idx"]
 
 
-def _decode(path: Path, raw: bytes, line_no: int) -> str:
+def _decode(path: Path, raw: bytes | str, line_no: int, field: str = "text") -> str:
+    if isinstance(raw, str):  # a parquet value, already text
+        return raw
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -257,14 +251,23 @@ def _decode(path: Path, raw: bytes, line_no: int) -> str:
         raise DatasetError(
             f"{KEY}: {path}:{line_no}: invalid JSON ({e.msg}); each line must be one JSON object"
         ) from None
-    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+    if not isinstance(record, dict) or not isinstance(record.get(field), str):
         hint = (
             "; this is a chat line: use training.dataset = 'chat'"
             if isinstance(record, dict) and "messages" in record
             else ""
         )
         raise DatasetError(
-            f'{KEY}: {path}:{line_no}: JSONL line has no string "text" field '
-            f'(expected {{"text": "..."}}){hint}'
+            f"{KEY}: {path}:{line_no}: JSONL line has no string {json.dumps(field)} field "
+            f'(expected {{{json.dumps(field)}: "..."}}; training.dataset_text_field names '
+            f"it){hint}"
         )
-    return record["text"]
+    return record[field]
+
+
+def _open(path: Path) -> BinaryIO:
+    """path opened for reading bytes, or one DatasetError line naming it."""
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise DatasetError(f"{KEY}: cannot read {path}: {e.strerror}") from None

@@ -2,7 +2,9 @@
 
 Input: .jsonl files (or folders of them), one conversation per line:
     {"messages": [{"role": "system" | "user" | "assistant" | ..., "content": "..."}, ...]}
-Rendering (Qwen's chat format, no thinking tags added), per message:
+Rendering: with the tokenizer folder's own chat_template (tokenizer_config.json) when it has one,
+trained tokens being each assistant reply through its <|im_end|> (components/chat_template.py);
+else Qwen's chat format (no thinking tags added), per message:
     <|im_start|>{role}\\n{content}<|im_end|>\\n
 with <|im_start|> / <|im_end|> taken from the tokenizer's own special tokens. Trained tokens are
 each assistant message's content and its <|im_end|>; everything else (system, user, the role
@@ -22,6 +24,8 @@ segment with labels -100. State (source position + open rows) resumes exactly, a
 from __future__ import annotations
 
 import json
+import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
+from torchtitan_ablate.components.chat_template import TemplateRenderer
 from torchtitan_ablate.components.data.datasets import KEY, DatasetError, TextDocuments
 from torchtitan_ablate.components.data.packing import (
     IGNORE_INDEX,
@@ -60,15 +65,23 @@ def special_token_id(tokenizer: Tokenizer, name: str) -> int:
 
 
 class ChatRenderer:
-    """Messages -> (tokens, trained mask) in Qwen's chat format."""
+    """Messages -> (tokens, trained mask): with the tokenizer folder's chat_template when it has
+    one (components/chat_template.py), else in the built-in Qwen chat format."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.im_start = special_token_id(tokenizer, "<|im_start|>")
         self.im_end = special_token_id(tokenizer, "<|im_end|>")
         self.newline = tokenizer.encode("\n")
+        self.template = _template_renderer(tokenizer)
+        specials = getattr(tokenizer, "special_tokens", None) or {}
+        self.specials = dict(specials)
+        longest_first = sorted(specials, key=len, reverse=True)
+        self.special_re = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")")
 
     def __call__(self, messages: list[dict[str, str]]) -> Conversation:
+        if self.template is not None:
+            return self._from_template(messages)
         tokens: list[int] = []
         mask: list[bool] = []
         for m in messages:
@@ -78,6 +91,43 @@ class ChatRenderer:
             tokens += header + body + self.newline
             mask += [False] * len(header) + [trained] * len(body) + [False] * len(self.newline)
         return tokens, mask
+
+    def _from_template(self, messages: list[dict[str, str]]) -> Conversation:
+        text, spans = self.template(messages)
+        cuts = [0, *(c for span in spans for c in span), len(text)]
+        tokens: list[int] = []
+        mask: list[bool] = []
+        for k, (a, b) in enumerate(zip(cuts, cuts[1:])):
+            piece = self._encode(text[a:b])
+            tokens += piece
+            mask += [k % 2 == 1] * len(piece)  # odd pieces are the assistant spans
+        return tokens, mask
+
+    def _encode(self, text: str) -> list[int]:
+        """Text with special tokens written out (<|im_start|>) -> ids, the specials as one id
+        (as transformers tokenizes a rendered template, message contents included)."""
+        ids: list[int] = []
+        for k, part in enumerate(self.special_re.split(text)):
+            if k % 2 == 1:
+                ids.append(self.specials[part])
+            elif part:
+                ids += self.tokenizer.encode(part)
+        return ids
+
+
+def _template_renderer(tokenizer: Tokenizer) -> TemplateRenderer | None:
+    template = getattr(tokenizer, "chat_template", None)
+    if template is None:
+        return None
+    try:
+        return TemplateRenderer(template)
+    except ImportError:  # jinja2 comes with transformers
+        warnings.warn(
+            f"{template.origin} has a chat_template but jinja2 is not installed; rendering "
+            "chats in the built-in Qwen format (pip install jinja2 to use the template)",
+            stacklevel=3,
+        )
+        return None
 
 
 class ChatDocuments(TextDocuments):

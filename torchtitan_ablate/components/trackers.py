@@ -1,0 +1,57 @@
+"""Weights & Biases, an optional extra (`pip install wandb`): the same fields as metrics.jsonl,
+the resolved config, and the ablation runner's grouping (metrics.wandb_group). Rank 0 only.
+
+The package is imported when the run opens its metrics, not at module import: a run without
+metrics.enable_wandb never pays for it, and check_trackers has already named `pip install wandb`
+at start-up when it is missing.
+"""
+
+import importlib.util
+import os
+import sys
+from typing import Any
+
+from torchtitan_ablate.config.errors import ConfigError
+from torchtitan_ablate.config.job_config import Metrics as MetricsConfig
+
+
+def check_trackers(config: MetricsConfig) -> None:
+    """At start-up, on every rank (all stop with the same line): the package an enabled tracker
+    needs is installed. Finding it does not import it (seconds wandb costs only rank 0, later)."""
+    if config.enable_wandb and "wandb" not in sys.modules:
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError(
+                "metrics.enable_wandb = true needs wandb, which is not installed: pip install "
+                "wandb (or the project's wandb extra), or set metrics.enable_wandb = false"
+            )
+
+
+class WandbTracker:
+    """One W&B run per launch: a resumed training run starts a new W&B run at its step."""
+
+    def __init__(self, config: MetricsConfig, dump_folder: str, run_config: dict[str, Any]):
+        import wandb
+
+        name = config.wandb_run_name or os.path.basename(os.path.normpath(dump_folder))
+        self.run = wandb.init(
+            project=config.wandb_project,
+            name=name,
+            group=config.wandb_group or None,
+            tags=list(config.wandb_tags) or None,
+            mode=config.wandb_mode,
+            dir=dump_folder,  # the run's files (offline: wandb/offline-run-*) stay with its outputs
+            config=run_config,
+        )
+
+    def log(self, record: dict[str, Any]) -> None:
+        """The record's numbers at its step (lists such as per-layer expert load are left out,
+        as TensorBoard leaves them out)."""
+        values = {
+            k: v
+            for k, v in record.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        self.run.log(values, step=record["step"])
+
+    def close(self) -> None:
+        self.run.finish()
