@@ -30,7 +30,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from torchtitan_ablate.build import build_data, build_layout, build_run, check_layout
+from torchtitan_ablate.build import build_data, build_layout, build_run
 from torchtitan_ablate.components.metrics import device_peak_tflops
 from torchtitan_ablate.components.profiling import busy_us
 from torchtitan_ablate.config import JobConfig, exit_on_config_error, load_config
@@ -71,7 +71,9 @@ def _time_steps(step_fn, batches, warmup: int, steps: int, device: torch.device)
 
 def bench_engine(
     config: JobConfig, warmup: int, steps: int, profile_: bool = False
-) -> tuple[dict, list]:
+) -> tuple[dict, list, Qwen3ModelArgs]:
+    """Timed (and optionally profiled) steps of the engine; the result row, the micro-batches
+    and the model sizes of the run."""
     device = dist_utils.pick_device(config.training.device)
     world_size = dist_utils.init_distributed(device)
     layout = build_layout(config, world_size, device.type)
@@ -88,7 +90,7 @@ def bench_engine(
         result["profile"] = profile_engine(step_fn, batches, device)
     tokens = sum(b["input_ids"].numel() for b in batches[0])
     result.update(name="torchtitan_ablate", tokens_per_step=tokens)
-    return result, batches
+    return result, batches, layout.model_args
 
 
 KERNEL_CLASSES = (  # first match wins; names as CUDA kernels appear in the profiler
@@ -275,10 +277,9 @@ def main(argv: list[str]) -> list[dict]:
         sys.stdout = open(os.devnull, "w")
     with exit_on_config_error():
         config = load_config(rest)
-        engine, batches = bench_engine(config, args.warmup, args.steps, args.profile)
+        engine, batches, model_args = bench_engine(config, args.warmup, args.steps, args.profile)
     device = batches[0][0]["input_ids"].device
     world_size = torch.distributed.get_world_size()
-    model_args = check_layout(config, world_size).model_args
     flops = model_args.num_flops_per_token(config.training.seq_len)
     peak = device_peak_tflops(device, config.metrics.peak_tflops)
     rows = [_row(engine, flops, peak)]

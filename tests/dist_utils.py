@@ -7,13 +7,15 @@ name) and its arguments and return value must pickle. A rank's exception is re-r
 with the rank's traceback attached as its cause.
 """
 
+import contextlib
+import logging
 import os
 import pickle
 import queue
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -143,3 +145,18 @@ def _pickle(exc: BaseException) -> bytes | None:
 
 def _unpickle(data: bytes | None) -> BaseException | None:
     return pickle.loads(data) if data is not None else None
+
+
+@contextlib.contextmanager
+def captured_log() -> Iterator[list[str]]:
+    """The torchtitan_ablate logger's messages (INFO and up) while the block runs."""
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    log = logging.getLogger("torchtitan_ablate")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        log.removeHandler(handler)

@@ -43,6 +43,8 @@ class Layout:
     parallel_dims: ParallelDims
     model_args: Qwen3ModelArgs
     grad_accum: int
+    sequences_per_step: int
+    """Sequences per optimizer step over all ranks (the global batch)."""
 
 
 @dataclass
@@ -99,7 +101,9 @@ def check_layout(config: JobConfig, world_size: int) -> Layout:
         pd.check_model(model_args.num_experts, config.training.seq_len)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return Layout(pd, model_args, num_microbatches(config, pd.dp))
+    grad_accum = num_microbatches(config, pd.dp)
+    sequences = config.training.local_batch_size * pd.dp * grad_accum
+    return Layout(pd, model_args, grad_accum, sequences)
 
 
 def build_layout(config: JobConfig, world_size: int, device_type: str) -> Layout:

@@ -55,8 +55,7 @@ def failure_lines(failures: dict[int, ProcessFailure], shown: set[int] | None) -
         return shown is None or f.local_rank in shown
 
     def when(f: ProcessFailure) -> float:
-        data = f.error_file_data if isinstance(f.error_file_data, dict) else {}
-        return float(data.get("time", f.timestamp))
+        return float(_error_data(f).get("time", f.timestamp))
 
     def line(f: ProcessFailure) -> str | None:
         message = f.message if isinstance(f.message, str) else ""
@@ -85,8 +84,12 @@ def failure_lines(failures: dict[int, ProcessFailure], shown: set[int] | None) -
 def _meant_exit_code(f: ProcessFailure) -> int:
     """The code the rank was exiting with when it wrote its line (torchrun's SIGTERM to the
     other ranks after the first failure may have overtaken it)."""
-    data = f.error_file_data if isinstance(f.error_file_data, dict) else {}
-    return int(data.get("exit_code", f.exitcode))
+    return int(_error_data(f).get("exit_code", f.exitcode))
+
+
+def _error_data(f: ProcessFailure) -> dict:
+    """What the rank left in its error file (config/errors.report), or nothing."""
+    return f.error_file_data if isinstance(f.error_file_data, dict) else {}
 
 
 def exit_code(codes: list[int]) -> int:

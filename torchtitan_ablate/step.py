@@ -22,7 +22,8 @@ def next_micro_batches(data_iter: Iterator, run: Run, device: torch.device) -> l
 
 
 def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> dict:
-    """One optimizer step over this rank's micro-batches: loss, grad_norm (and moe_aux_loss).
+    """One optimizer step over this rank's micro-batches: loss, grad_norm, tokens (the global
+    count of tokens the loss counts), and moe_aux_loss for MoE models.
 
     guard_nonfinite (the trainer's): a step whose global loss or gradient norm is NaN/Inf does
     not update the weights, the optimizer state or the expert bias; out["nonfinite"] says which
@@ -52,10 +53,12 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
             aux_total += aux * aux_scale
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = dist_utils.clip_grad_norm_(params, run.max_norm)
-    nonfinite = None
+    nonfinite, tokens = None, global_tokens
     if guard_nonfinite:
         loss = dist_utils.all_reduce_sum(ce_total.clone(), loss_group)
         nonfinite = nonfinite_step_values(loss, grad_norm)
+        # Read now, while the stream is drained by that sync, not after the optimizer's launch.
+        tokens = int(global_tokens.item())
     if nonfinite is None:
         run.optimizer.step()
         float8_post_optimizer_step(model)
@@ -66,7 +69,7 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
         # This step's global expert load, so every rank moves its bias the same way.
         step_load = dist_utils.all_reduce_sum(model.expert_load() - load_before, loss_group)
         model.update_expert_bias(step_load)
-    out = {"loss": ce_total, "grad_norm": grad_norm, "nonfinite": nonfinite}
+    out = {"loss": ce_total, "grad_norm": grad_norm, "nonfinite": nonfinite, "tokens": tokens}
     if model.args.num_experts:
         out["moe_aux_loss"] = aux_total
     return out

@@ -30,7 +30,6 @@ from torchtitan_ablate.components.checkpoint import CheckpointManager
 from torchtitan_ablate.components.checkpoint_state import TrainState
 from torchtitan_ablate.components.data import state_same_on_every_rank
 from torchtitan_ablate.components.finite import NonFiniteError
-from torchtitan_ablate.components.loss import num_valid_tokens
 from torchtitan_ablate.components.metrics import MetricsLogger
 from torchtitan_ablate.components.profiling import CommProfiler
 from torchtitan_ablate.components.run_settings import run_settings
@@ -93,9 +92,7 @@ class Trainer:
             initial_load_format=config.checkpoint.initial_load_format,
             load_step=config.checkpoint.load_step,
             training_steps=config.training.steps,
-            settings=run_settings(
-                config, config.training.local_batch_size * pd.dp * self.grad_accum
-            ),
+            settings=run_settings(config, layout.sequences_per_step),
             dataloader_state_shared=state_same_on_every_rank(
                 config.training.data_sharding, config.training.num_workers
             ),
@@ -165,7 +162,10 @@ class Trainer:
             self.comm_profiler.step(self.step)
             self.trace_profiler.step(self.step)
             self.metrics.add_tokens(sum(b["input_ids"].numel() for b in batches), data_time)
-            self._count_tokens_seen(batches)
+            # The step's global count of tokens the loss counts (labels != -100: no padding, no
+            # masked SFT prompt), read by train_step with its non-finite check.
+            self.train_state.step = self.step
+            self.train_state.tokens_seen += out["tokens"]
             validate = self.validator is not None and self.validator.should_run(self.step, last)
             log_now = self.metrics.should_log(self.step, last) or validate
             if log_now:
@@ -177,7 +177,8 @@ class Trainer:
                     self.metrics.exclude_time(time.perf_counter() - start)
                 records.append(self.metrics.log(self.step, values))
             # Every step, so a SIGTERM stops the run at the next step boundary whatever
-            # log_freq: one scalar all-reduce (the non-finite check syncs every step anyway).
+            # log_freq: one scalar all-reduce and host read per step on several ranks, after
+            # the optimizer step is queued (a second sync besides the non-finite check's).
             sigterm = self._stop_requested_anywhere()
             stop = self.step == config.training.exit_at_step or sigterm
             saved = self.checkpointer.save(self.step, force=self.step == last or stop)
@@ -210,14 +211,6 @@ class Trainer:
             values["expert_load_imbalance"] = per_layer.mean().item()
             values["expert_load_max_over_mean"] = [round(x, 3) for x in per_layer.tolist()]
         return values
-
-    def _count_tokens_seen(self, batches: list[dict]) -> None:
-        """Adds this step's tokens the loss counts (labels != -100: no padding, no masked SFT
-        prompt) over all ranks. A sync per step, as the non-finite check makes anyway."""
-        local = sum(num_valid_tokens(b["labels"]) for b in batches)
-        total = dist_utils.all_reduce_sum(local, self.parallel_dims.loss_group())
-        self.train_state.step = self.step
-        self.train_state.tokens_seen += int(total.item())
 
     def _count_nonfinite(self, nonfinite: str | None) -> None:
         """Stops at the first non-finite step, or past training.skip_nonfinite_steps of them in

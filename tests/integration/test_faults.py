@@ -6,7 +6,6 @@ import contextlib
 import errno
 import io
 import json
-import logging
 import os
 import signal
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.distributed.checkpoint.filesystem as dcp_fs
 
-from tests.dist_utils import run_distributed
+from tests.dist_utils import captured_log, run_distributed
 from torchtitan_ablate import train
 from torchtitan_ablate.config import run_main
 
@@ -44,12 +43,6 @@ def _run(args: list[str]) -> tuple[int, list[str]]:
 def _preempt_one_rank(args: list[str], signalled_rank: int, at_step: int) -> list[str]:
     """Trains with SIGTERM sent to `signalled_rank` during step `at_step`; returns this rank's
     log lines about stopping and saving."""
-    lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    log = logging.getLogger("torchtitan_ablate")
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
     real_step = train.Trainer.train_step
 
     def step_then_signal(self, batches):
@@ -60,10 +53,10 @@ def _preempt_one_rank(args: list[str], signalled_rank: int, at_step: int) -> lis
 
     train.Trainer.train_step = step_then_signal
     try:
-        assert _run(args)[0] == 0
+        with captured_log() as lines:
+            assert _run(args)[0] == 0
     finally:
         train.Trainer.train_step = real_step
-        log.removeHandler(handler)
     return [x for x in lines if "stopping" in x or "SIGTERM" in x or "saved checkpoint" in x]
 
 

@@ -6,19 +6,7 @@ import logging
 import sys
 import types
 
-from torchtitan_ablate import train
-from torchtitan_ablate.config import load_config
-
-SMALL = ["--training.seq_len", "64", "--training.local_batch_size", "4", "--metrics.log_freq", "1"]
-
-
-def run(tmp_path, *args: str) -> list[dict]:
-    config = load_config(
-        ["--job.config_file", "train_configs/debug_model.toml", "--job.dump_folder", str(tmp_path)]
-        + SMALL
-        + list(args)
-    )
-    return train.main(config)
+from tests.integration.test_train import run
 
 
 def test_tokens_seen_exact_across_resume_and_console_progress(tmp_path, caplog):

@@ -18,10 +18,10 @@ import os
 import sys
 from pathlib import Path
 
+from torchtitan_ablate.ablate.environment import ROOT
 from torchtitan_ablate.ablate.spec import AblationError, load_spec, parse_sets
 
 # The checkout this package lives in (an editable install); recipes and run_train.sh are there.
-ROOT = Path(__file__).resolve().parents[2]
 PROG = "ttablate-ablate"
 
 

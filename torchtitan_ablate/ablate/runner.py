@@ -19,11 +19,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from torchtitan_ablate.ablate.environment import environment
+from torchtitan_ablate.ablate.environment import ROOT, environment
 from torchtitan_ablate.ablate.spec import AblationSpec, Variant
 from torchtitan_ablate.config import ConfigError, JobConfig, load_config
 
-ROOT = Path(__file__).resolve().parents[2]
 PLAN_FILE = "ablation.json"
 
 
@@ -55,7 +54,7 @@ def check_layout(config: JobConfig, ngpu: int) -> dict[str, Any]:
 
     layout = build_check_layout(config, ngpu)
     pd, grad_accum = layout.parallel_dims, layout.grad_accum
-    global_batch = config.training.local_batch_size * pd.dp * grad_accum
+    global_batch = layout.sequences_per_step
     return {
         "flavor": config.model.flavor,
         "mesh": f"rep{pd.dp_replicate} shard{pd.dp_shard} cp{pd.cp} ep{pd.ep}",

@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from torchtitan_ablate.distributed.utils import all_reduce_sum
+
 
 class NonFiniteError(RuntimeError):
     """Training produced a non-finite loss, gradient norm or state; the message is one line."""
@@ -43,10 +45,9 @@ def nonfinite_entries(state: dict[str, object], limit: int = 3) -> tuple[int, li
 
 
 def _sum_over_ranks(count: int) -> int:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if not dist.is_initialized():
         return count
     # NCCL reduces only CUDA tensors; gloo (CPU ranks) takes CPU ones.
     cuda = dist.get_backend() == "nccl"
     total = torch.tensor(count, device=torch.cuda.current_device() if cuda else "cpu")
-    dist.all_reduce(total)
-    return int(total.item())
+    return int(all_reduce_sum(total, dist.group.WORLD).item())

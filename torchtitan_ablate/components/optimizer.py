@@ -71,8 +71,7 @@ def build_optimizer(
     """One optimizer over every trainable parameter: a group with config.weight_decay and one
     with none (config.no_decay); fused kernels on CUDA by default."""
     classes = decay_classes(model_parts, config.no_decay)
-    decay = [p for p, c in classes.values() if c is None]
-    keep = [p for p, c in classes.values() if c is not None]
+    decay, keep = _split(classes)
     # An empty group is left out: DCP's flattened optimizer state dict cannot load one. Groups
     # carry only torch's own keys, so a checkpoint of the old single group loads into these
     # (its state is keyed by FQN, and checkpoint_state.py keeps this run's group settings).
@@ -97,6 +96,14 @@ def build_optimizer(
     return cls(groups, **kwargs)
 
 
+def _split(
+    classes: dict[str, tuple[nn.Parameter, str | None]],
+) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(parameters that decay, parameters that do not)."""
+    decay = [p for p, c in classes.values() if c is None]
+    return decay, [p for p, c in classes.values() if c is not None]
+
+
 def describe_groups(
     classes: dict[str, tuple[nn.Parameter, str | None]], config: OptimizerConfig
 ) -> str:
@@ -106,8 +113,7 @@ def describe_groups(
     def count(ps: list[nn.Parameter]) -> str:
         return f"{len(ps)} tensors ({sum(p.numel() for p in ps):,} parameters)"
 
-    decay = [p for p, c in classes.values() if c is None]
-    keep = [p for p, c in classes.values() if c is not None]
+    decay, keep = _split(classes)
     if config.weight_decay == 0:
         return f"weight decay: none (optimizer.weight_decay = 0) on {count(decay + keep)}"
     per_class = ", ".join(

@@ -22,19 +22,12 @@ import torch
 from safetensors.torch import save_file
 
 from torchtitan_ablate.components.dcp_model import LORA_ADAPTER_KEY
-from torchtitan_ablate.config.job_config import LORA_TARGETS
+from torchtitan_ablate.models.qwen3.state_dict_adapter import _BLOCK_KEYS, _DENSE_KEYS
 
 _LINEAR_ADAPTER = re.compile(r"^layers\.(\d+)\.(.+)\.lora_([ab])$")
-_HF_NAME = {module: name for name, module in LORA_TARGETS.items()}  # attention.wq -> q_proj
-
-
-def hf_module(native_module: str) -> tuple[str, str]:
-    """Our block-relative module path -> (its HF path in the block, its HF target name):
-    attention.wq -> (self_attn.q_proj, q_proj); feed_forward.w1 -> (mlp.gate_proj, gate_proj)."""
-    name = _HF_NAME.get(native_module)
-    if name is None or name == "experts":
-        raise ValueError(f"no PEFT name for the LoRA adapter of {native_module!r}")
-    return ("self_attn." if native_module.startswith("attention.") else "mlp.") + name, name
+# Our block-relative weight names -> HF's (attention.wq.weight -> self_attn.q_proj.weight): the
+# state-dict adapter's table; an adapter sits on exactly these linear layers.
+_HF_WEIGHT = {**_BLOCK_KEYS, **_DENSE_KEYS}
 
 
 def peft_state_dict(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -53,7 +46,7 @@ def peft_state_dict(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Ten
     tensors, modules = {}, set()
     for key in sorted(adapters):
         layer, module, ab = _LINEAR_ADAPTER.match(key).groups()
-        path = f"model.layers.{layer}.{hf_module(module)[0]}"
+        path = f"model.layers.{layer}.{_HF_WEIGHT[f'{module}.weight'].removesuffix('.weight')}"
         # PeftModel.base_model (LoraModel) .model (ForCausalLM) .model (Qwen3Model)
         tensors[f"base_model.model.{path}.lora_{ab.upper()}.weight"] = state[key]
         modules.add(path)

@@ -5,13 +5,10 @@ in well under a second (the trainer's imports take seconds).
     python -m torchtitan_ablate.config.help [SECTION]     # what `./run_train.sh --help` runs
 """
 
-import dataclasses
 import sys
 import textwrap
 
-from torchtitan_ablate.config.job_config import JobConfig
-from torchtitan_ablate.config.manager import _describe, _field_types, _toml_value
-from torchtitan_ablate.config.reference import field_docs
+from torchtitan_ablate.config.reference import config_keys
 
 USAGE = """usage: {prog} [--job.config_file FILE.toml] [--section.key value ...]
 
@@ -23,20 +20,16 @@ file is one line on stderr and exit code 2. `--help SECTION` shows one section.
 
 def help_text(prog: str, section: str | None = None) -> str:
     """The usage line and the keys of every section (or of `section` only)."""
-    docs, defaults = field_docs(), JobConfig()
-    sections = {f.name: f.type for f in dataclasses.fields(JobConfig)}
-    if section is not None and section not in sections:
-        raise ValueError(f"no section [{section}]: one of {', '.join(sections)}")
+    keys = dict(config_keys())
+    if section is not None and section not in keys:
+        raise ValueError(f"no section [{section}]: one of {', '.join(keys)}")
     out = [USAGE.format(prog=prog)]
-    for name, cls in sections.items():
+    for name, rows in keys.items():
         if section is not None and name != section:
             continue
         out.append(f"[{name}]")
-        for key, tp in _field_types(cls).items():
-            value = getattr(getattr(defaults, name), key)
-            shown = "none" if value is None else _toml_value(value)
-            out.append(f"  --{name}.{key}  ({_describe(tp)}, default {shown})")
-            doc = docs.get(cls.__name__, {}).get(key, "")
+        for key, described, shown, doc in rows:
+            out.append(f"  --{name}.{key}  ({described}, default {shown})")
             out += textwrap.wrap(doc, 96, initial_indent="      ", subsequent_indent="      ")
         out.append("")
     return "\n".join(out)

@@ -192,13 +192,14 @@ def load_config(argv: list[str] | None = None) -> JobConfig:
                     f"{config_file}: top-level key {section!r} must be a [section] table"
                 )
             for key, value in body.items():
-                if f"{section}.{key}" in PATH_KEYS and isinstance(value, str):
-                    value = resolve_toml_path(value, config_file)
-                elif f"{section}.{key}" in PATH_KEYS and isinstance(value, list):  # a mixture
-                    value = [
-                        resolve_toml_path(v, config_file) if isinstance(v, str) else v
-                        for v in value
-                    ]
+                if f"{section}.{key}" in PATH_KEYS:  # a path, or a list of them (a mixture)
+                    if isinstance(value, str):
+                        value = resolve_toml_path(value, config_file)
+                    elif isinstance(value, list):
+                        value = [
+                            resolve_toml_path(v, config_file) if isinstance(v, str) else v
+                            for v in value
+                        ]
                 _set(config, section, key, value, config_file)
     for section, key, value in cli:
         _set(config, section, key, value, "command line")

@@ -4,6 +4,7 @@ measure_config.py."""
 import ast
 import dataclasses
 import inspect
+from collections.abc import Iterator
 
 from torchtitan_ablate.config import job_config, measure_config
 from torchtitan_ablate.config.job_config import JobConfig
@@ -27,8 +28,20 @@ def field_docs() -> dict[str, dict[str, str]]:
     return docs
 
 
+def config_keys() -> Iterator[tuple[str, list[tuple[str, str, str, str]]]]:
+    """(section, [(key, type, default as TOML or "none", meaning)]) for every section of
+    JobConfig, in order: what the reference page and --help both show."""
+    docs, defaults = field_docs(), JobConfig()
+    for section in dataclasses.fields(JobConfig):
+        cls, rows = section.type, []
+        for name, tp in _field_types(cls).items():
+            value = getattr(getattr(defaults, section.name), name)
+            shown = "none" if value is None else _toml_value(value)
+            rows.append((name, _describe(tp), shown, docs.get(cls.__name__, {}).get(name, "")))
+        yield section.name, rows
+
+
 def render_markdown() -> str:
-    docs = field_docs()
     out = [
         "# Config reference",
         "",
@@ -37,15 +50,10 @@ def render_markdown() -> str:
         "(`[section]` then `key = value`) or on the command line (`--section.key value`).",
         "",
     ]
-    defaults = JobConfig()
-    for section in dataclasses.fields(JobConfig):
-        cls = section.type
-        out += [f"## [{section.name}]", "", "| key | type | default | meaning |"]
+    for section, rows in config_keys():
+        out += [f"## [{section}]", "", "| key | type | default | meaning |"]
         out.append("|---|---|---|---|")
-        for name, tp in _field_types(cls).items():
-            value = getattr(getattr(defaults, section.name), name)
-            shown = "none" if value is None else _toml_value(value)
-            doc = docs.get(cls.__name__, {}).get(name, "")
-            out.append(f"| `{name}` | {_describe(tp)} | `{shown}` | {doc} |")
+        for name, described, shown, doc in rows:
+            out.append(f"| `{name}` | {described} | `{shown}` | {doc} |")
         out.append("")
     return "\n".join(out)

@@ -130,6 +130,11 @@ def _check_data_sources(t: Training) -> None:
         f"training.dataset_weights = {weights}: every weight must be > 0",
     )
     _require(bool(t.dataset_text_field), "training.dataset_text_field must not be empty")
+    _require(
+        t.dataset == "text" or t.dataset_text_field == "text",
+        f"training.dataset_text_field = {t.dataset_text_field!r} names the field of text data; "
+        f"training.dataset = {t.dataset!r} does not read it: remove it",
+    )
     _at_least("training.shuffle_buffer", t.shuffle_buffer, 0, " (0 = read in file order)")
 
 

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.components.test_sft import CONV
+from tests.unit.components.test_tokenizer import make_hf_tokenizer_json
 from torchtitan_ablate.components.data.sft import ChatRenderer
-from torchtitan_ablate.components.tokenizer import QWEN_PATTERN, build_tokenizer
+from torchtitan_ablate.components.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError
 
 # Qwen3's template in short: the last reply (after the last user turn) gets an empty think block,
@@ -24,36 +26,13 @@ QWEN3_STYLE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-CONV = [
-    {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": "What is 2 plus 2?"},
-    {"role": "assistant", "content": "It is 4."},
-    {"role": "user", "content": "And 3 plus 3?"},
-    {"role": "assistant", "content": "It is 6."},
-]
 
 
 def _folder(tmp_path: Path, template: object) -> Path:
     """A tiny Qwen-layout tokenizer.json with the chat specials, and its tokenizer_config.json."""
-    tokenizers = pytest.importorskip("tokenizers")
-    from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
-
-    hf = tokenizers.Tokenizer(models.BPE())
-    hf.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    hf.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=specials, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
-    hf.train_from_iterator([m["content"] for m in CONV] * 20, trainer)
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    hf.save(str(tmp_path / "tokenizer.json"))
+    specials = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+    texts = [m["content"] for m in CONV] * 20
+    make_hf_tokenizer_json(tmp_path / "tokenizer.json", specials, texts)
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>"}
     if template is not None:
         config["chat_template"] = template

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.dist_utils import run_distributed
+from tests.dist_utils import captured_log, run_distributed
 from tests.integration.parallel_harness import assert_same_training, train_layout
 from torchtitan_ablate.components.checkpoint import CheckpointManager
 from torchtitan_ablate.components.optimizer import build_optimizer, decay_classes
@@ -206,13 +206,8 @@ def test_resume_with_groups_is_exact(tmp_path):
 
 def _fsdp_run(folder: str, args: list[str]) -> dict:
     """train_layout, plus this rank's start-up weight-decay line."""
-    lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    log = logging.getLogger("torchtitan_ablate")
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    out = train_layout(folder, args)
+    with captured_log() as lines:
+        out = train_layout(folder, args)
     return {**out, "line": [m for m in lines if m.startswith("weight decay")]}
 
 

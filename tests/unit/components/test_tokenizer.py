@@ -63,7 +63,12 @@ def test_tiktoken_ranks_save_load_and_directory(tmp_path: Path) -> None:
     assert tok.decode([tok.eos_id]) == "<|endoftext|>"
 
 
-def make_hf_tokenizer_json(path: Path) -> "object":
+def make_hf_tokenizer_json(
+    path: Path,
+    special_tokens: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>"),
+    texts: list[str] | None = None,
+) -> "object":
+    """A small Qwen-layout BPE tokenizer.json trained on `texts` (default: this file's)."""
     tokenizers = pytest.importorskip("tokenizers")
     from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 
@@ -78,11 +83,14 @@ def make_hf_tokenizer_json(path: Path) -> "object":
     hf.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=400,
-        special_tokens=["<|endoftext|>", "<|im_start|>"],
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    hf.train_from_iterator(TEXTS * 20 + ["the lazy dog sleeps in the sun"] * 20, trainer)
+    if texts is None:
+        texts = TEXTS * 20 + ["the lazy dog sleeps in the sun"] * 20
+    hf.train_from_iterator(texts, trainer)
+    path.parent.mkdir(parents=True, exist_ok=True)
     hf.save(str(path))
     return hf
 

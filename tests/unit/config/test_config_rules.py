@@ -164,3 +164,8 @@ def test_config_imports_only_config():
             inside = [n for n in names if n.startswith("torchtitan_ablate")]
             bad = [n for n in inside if not n.startswith("torchtitan_ablate.config")]
             assert not bad, f"{path.name} imports {bad}"
+
+
+def test_text_field_is_for_text_data_only():
+    with pytest.raises(ConfigError, match="training.dataset_text_field = 'body' names the field"):
+        load_config(["--training.dataset", "synthetic", "--training.dataset_text_field", "body"])

@@ -44,7 +44,6 @@ class MixedDocuments:
         self.bounds = list(itertools.accumulate(w / total for w in weights))
         self.shard, self.num_shards = 0, 1
         self.draws = 0
-        self.files = [f for s in sources for f in getattr(s, "files", [])]
 
     def set_shard(self, shard: int, num_shards: int) -> None:
         self.shard, self.num_shards = shard, num_shards
@@ -87,7 +86,6 @@ class ShuffledDocuments:
         self.shard, self.num_shards = 0, 1
         self.buffer: list[Any] = []
         self.draws = 0
-        self.files = getattr(source, "files", [])
 
     def set_shard(self, shard: int, num_shards: int) -> None:
         self.shard, self.num_shards = shard, num_shards
