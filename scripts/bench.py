@@ -32,7 +32,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from torchtitan_ablate.build import build_data, build_layout, build_run
 from torchtitan_ablate.components.metrics import device_peak_tflops
-from torchtitan_ablate.components.profiling import busy_us
+from torchtitan_ablate.components.profiling import exposed_and_idle, is_gpu_kernel
 from torchtitan_ablate.config import JobConfig, exit_on_config_error, load_config
 from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.models.qwen3 import Qwen3ModelArgs
@@ -126,18 +126,16 @@ def profile_engine(step_fn, batches, device: torch.device, top: int = 20) -> dic
     per_kernel: dict[str, float] = {}
     comm, compute = [], []
     for e in prof.events():
-        # GPU-side user annotations (Optimizer.step#..., FSDP::...) span kernels: not counted.
-        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
+        if is_gpu_kernel(e):
             per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
             interval = (e.time_range.start, e.time_range.end)
             (comm if _kernel_class(e.name) == "collective" else compute).append(interval)
-    busy = busy_us(comm + compute)
-    # Collective kernels also count the time they wait for the slowest rank; "exposed" is the
-    # part of it that no compute kernel overlaps, the time the step would lose without it.
-    exposed = busy - busy_us(compute)
     # Idle inside the kernels' own window (first start to last end), so the profiler's start and
-    # stop overhead is not counted as host-bound time.
+    # stop overhead is not counted as host-bound time. Collective kernels also count the time
+    # they wait for the slowest rank; "exposed" is the part of it no compute kernel overlaps.
     window = max(e for _, e in comm + compute) - min(s for s, _ in comm + compute)
+    split = exposed_and_idle(comm, compute, window)
+    busy, exposed = split["busy_us"], split["exposed_us"]
     by_class: dict[str, float] = {}
     for name, us in per_kernel.items():
         by_class[_kernel_class(name)] = by_class.get(_kernel_class(name), 0.0) + us
@@ -145,7 +143,7 @@ def profile_engine(step_fn, batches, device: torch.device, top: int = 20) -> dic
     print(
         f"profile: 2 steps, wall {wall_us / 1e3:.1f} ms, GPU busy {100 * busy / wall_us:.1f}%, "
         f"exposed collectives {exposed / 2e3:.1f} ms / step, "
-        f"GPU idle {(window - busy) / 2e3:.1f} ms / step"
+        f"GPU idle {split['idle_us'] / 2e3:.1f} ms / step"
     )
     print("| kernel class | ms / step | share of GPU time |")
     print("|---|---|---|")

@@ -17,23 +17,33 @@ from dataclasses import dataclass
 import torch
 
 from torchtitan_ablate.components.data import build_dataloader
-from torchtitan_ablate.components.loss import cross_entropy_sum
+from torchtitan_ablate.components.dpo import build_dpo_loss, count_pairs
+from torchtitan_ablate.components.loss import (
+    check_kernel_loss,
+    chunked_loss_head,
+    cross_entropy_sum,
+    kernel_loss_head,
+    num_valid_tokens,
+)
 from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler
 from torchtitan_ablate.components.optimizer import build_optimizer
 from torchtitan_ablate.components.tokenizer import Tokenizer, build_tokenizer
 from torchtitan_ablate.config import ConfigError, JobConfig
-from torchtitan_ablate.distributed import utils as dist_utils
+from torchtitan_ablate.config.dpo_config import dpo_enabled
+from torchtitan_ablate.distributed.compile import INDUCTOR, CompileBackend
 from torchtitan_ablate.distributed.fsdp import AccumulationPlan
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.models.common import attention
-from torchtitan_ablate.models.common.lora import init_lora_weights
+from torchtitan_ablate.models.common.init import ParamInit
+from torchtitan_ablate.models.common.lora import adapters_off, init_lora_weights
 from torchtitan_ablate.models.qwen3 import Qwen3Model, Qwen3ModelArgs
 from torchtitan_ablate.models.qwen3.parallelize import parallelize_qwen3
 from torchtitan_ablate.models.qwen3.sizes import build_model_args
 
 logger = logging.getLogger("torchtitan_ablate")
 
-LossFn = Callable[[Qwen3Model, dict], torch.Tensor]
+# The loss sum, or (sum, metric sums) where the loss reports more (DPO's rewards and log-probs).
+LossFn = Callable[[Qwen3Model, dict], torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 @dataclass
@@ -45,6 +55,10 @@ class Layout:
     grad_accum: int
     sequences_per_step: int
     """Sequences per optimizer step over all ranks (the global batch)."""
+
+
+def count_valid_tokens(batch: dict) -> torch.Tensor:
+    return num_valid_tokens(batch["labels"])
 
 
 @dataclass
@@ -61,6 +75,11 @@ class Run:
     accumulation: AccumulationPlan | None
     """What FSDP is told between micro-batches (None without FSDP)."""
     max_norm: float
+    loss_count: Callable[[dict], torch.Tensor] = count_valid_tokens
+    """A micro-batch's count that loss_fn's sum is divided by (summed over the loss group):
+    valid tokens; for DPO, preference pairs."""
+    reference: Qwen3Model | None = None
+    """DPO's frozen reference copy (None otherwise, and with LoRA: adapters switched off)."""
 
 
 def build_parallel_dims(config: JobConfig, world_size: int) -> ParallelDims:
@@ -151,61 +170,73 @@ def build_data(
         text_field=t.dataset_text_field,
         shuffle_buffer=t.shuffle_buffer,
         dataset_weights=t.dataset_weights,
+        max_bad_rows=config.dpo.max_bad_rows,
     )
     return tokenizer, dataloader
 
 
 def build_model(
-    config: JobConfig, parallel_dims: ParallelDims, model_args: Qwen3ModelArgs, device: torch.device
+    config: JobConfig,
+    parallel_dims: ParallelDims,
+    model_args: Qwen3ModelArgs,
+    device: torch.device,
+    compile_backend: CompileBackend = INDUCTOR,
 ) -> tuple[Qwen3Model, AccumulationPlan | None]:
     """The one model-building path: meta build, parallelize, materialize on `device`,
-    initialize. Returns the model and FSDP's plan for the micro-batches of a step."""
+    initialize. Returns the model and FSDP's plan for the micro-batches of a step.
+    compile_backend: torch.compile's backend where compile.enable (the estimator's own)."""
     if model_args.attn_backend == "flash" and attention.flash_attn_module() is None:
         # Here, not inside the first (compiled) forward, where it would surface as a dynamo trace.
         raise ConfigError(attention.FLASH_MISSING)
     with torch.device("meta"):
         model = Qwen3Model(model_args)
-    accumulation = parallelize_qwen3(model, parallel_dims, config, device.type)
+    accumulation = parallelize_qwen3(model, parallel_dims, config, device.type, compile_backend)
     model.to_empty(device=device)
-    if device.type == "cpu" and parallel_dims.world_size > 1:
-        dist_utils.init_weights_unsharded(model, device)
-    else:
-        with torch.no_grad():
-            model.init_weights(buffer_device=device)
+    # Every weight from a generator seeded by (training.seed, its name), drawn whole on the
+    # device and sliced: the same initial weights in every layout (models/common/init.py).
+    init = ParamInit(model, config.training.seed, device)
+    model.init_weights(buffer_device=device, init=init)
     if config.lora.enable:
-        init_lora_weights(model)
+        init_lora_weights(model, init)
     model.train()
     return model, accumulation
 
 
-def build_loss_fn(config: JobConfig) -> LossFn:
-    """loss_fn(model, micro_batch) -> this micro-batch's cross-entropy sum, as configured: the
-    chunked output projection + loss (training.loss_chunk_size > 0: no full logits), else the
-    loss on the logits. compile.components "loss" compiles either (fuses the fp32 upcast,
-    log-softmax and gather); this is the one place that reads it."""
-    chunk_size = config.training.loss_chunk_size
+def build_loss_fn(config: JobConfig, compile_backend: CompileBackend = INDUCTOR) -> LossFn:
+    """loss_fn(model, micro_batch) -> this micro-batch's cross-entropy sum, as configured by
+    training.loss_impl (the one place that reads it): chunked (loss_chunk_size tokens at a time),
+    liger or cce run as the model's loss head (no full logits; components/loss.py); plain takes
+    the loss of the logits. auto: chunked when loss_chunk_size > 0, else plain (as before
+    loss_impl existed). compile.components "loss" compiles the chunked and plain losses (fuses
+    the fp32 upcast, log-softmax and gather); liger and cce are Triton kernels already."""
+    t = config.training
+    impl = t.loss_impl
+    if impl == "auto":
+        impl = "chunked" if t.loss_chunk_size > 0 else "plain"
     compiled = config.compile.enable and "loss" in config.compile.components
 
     def inputs(batch: dict) -> tuple:
         return batch["input_ids"], batch["positions"], batch["document_ids"]
 
-    if chunk_size > 0:
+    if impl == "plain":
+        ce = cross_entropy_sum
+        if compiled:
+            ce = torch.compile(cross_entropy_sum, backend=compile_backend)
 
-        def chunked_loss(model: Qwen3Model, batch: dict) -> torch.Tensor:
-            return model(
-                *inputs(batch),
-                labels_BS=batch["labels"],
-                loss_chunk_size=chunk_size,
-                compiled_loss=compiled,
-            )
+        def plain_loss(model: Qwen3Model, batch: dict) -> torch.Tensor:
+            return ce(model(*inputs(batch)), batch["labels"])
 
-        return chunked_loss
-    ce = torch.compile(cross_entropy_sum) if compiled else cross_entropy_sum
+        return plain_loss
+    if impl == "chunked":
+        head = chunked_loss_head(t.loss_chunk_size, compiled, compile_backend)
+    else:
+        check_kernel_loss(impl)
+        head = kernel_loss_head(impl)
 
-    def plain_loss(model: Qwen3Model, batch: dict) -> torch.Tensor:
-        return ce(model(*inputs(batch)), batch["labels"])
+    def head_loss(model: Qwen3Model, batch: dict) -> torch.Tensor:
+        return model(*inputs(batch), labels_BS=batch["labels"], loss_head=head)
 
-    return plain_loss
+    return head_loss
 
 
 def build_run(
@@ -213,15 +244,23 @@ def build_run(
     layout: Layout,
     device: torch.device,
     optimizer_device_type: str | None = None,
+    compile_backend: CompileBackend = INDUCTOR,
 ) -> Run:
     """Model, optimizer, LR schedule and loss on the layout's meshes (the estimator calls it
     under its FakeTensorMode, after build_layout: DeviceMesh needs real rank tensors).
 
     optimizer_device_type: the device the optimizer is chosen for (the estimator builds CUDA's
-    on fake CPU tensors)."""
-    model, accumulation = build_model(config, layout.parallel_dims, layout.model_args, device)
+    on fake CPU tensors); compile_backend: torch.compile's backend (the estimator's models
+    Inductor on fake tensors, memory/compiled.py)."""
+    model, accumulation = build_model(
+        config, layout.parallel_dims, layout.model_args, device, compile_backend
+    )
     optimizer = build_optimizer([model], config.optimizer, optimizer_device_type or device.type)
     lr_scheduler = build_lr_scheduler(optimizer, config.lr_scheduler, config.training.steps)
+    if dpo_enabled(config):  # the pair loss and its reference model
+        loss = _build_dpo(config, layout, device, model, compile_backend)
+    else:
+        loss = dict(loss_fn=build_loss_fn(config, compile_backend))
     return Run(
         parallel_dims=layout.parallel_dims,
         model_args=layout.model_args,
@@ -229,7 +268,29 @@ def build_run(
         model=model,
         optimizer=optimizer,
         lr_scheduler=lr_scheduler,
-        loss_fn=build_loss_fn(config),
         accumulation=accumulation,
         max_norm=config.training.max_norm,
+        **loss,
     )
+
+
+def _build_dpo(
+    config: JobConfig,
+    layout: Layout,
+    device: torch.device,
+    model: Qwen3Model,
+    compile_backend: CompileBackend,
+) -> dict:
+    """Run's DPO fields: the pair loss, the pair count, and the reference model (a second
+    model built and sharded like the policy; with LoRA none: the policy with adapters off)."""
+    reference = None
+    if not config.lora.enable:
+        reference, _ = build_model(
+            config, layout.parallel_dims, layout.model_args, device, compile_backend
+        )
+    t = config.training
+    chunk = t.loss_chunk_size if t.loss_impl != "plain" else 0
+    loss_fn = build_dpo_loss(
+        config.dpo, chunk, layout.parallel_dims, model, reference, adapters_off
+    )
+    return dict(loss_fn=loss_fn, loss_count=count_pairs, reference=reference)

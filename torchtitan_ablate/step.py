@@ -1,7 +1,7 @@
 """One optimizer step of a built run: the step the trainer trains with, bench times and the
 memory estimator tracks."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -14,16 +14,28 @@ from torchtitan_ablate.distributed.float8 import float8_post_optimizer_step
 from torchtitan_ablate.distributed.fsdp import before_micro_batch
 
 
-def next_micro_batches(data_iter: Iterator, run: Run, device: torch.device) -> list[dict]:
-    """This step's micro-batches from the loader, each this rank's CP slice on the device."""
-    return [
-        place_micro_batch(next(data_iter), run.parallel_dims, device) for _ in range(run.grad_accum)
-    ]
+def next_micro_batches(
+    data_iter: Iterator,
+    run: Run,
+    device: torch.device,
+    on_host: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """This step's micro-batches from the loader, each this rank's CP slice on the device.
+    on_host(batch): sees each whole loader batch on the host first (the trainer counts the
+    attention work of its documents there, without a device sync)."""
+    batches = []
+    for _ in range(run.grad_accum):
+        batch = next(data_iter)
+        if on_host is not None:
+            on_host(batch)
+        batches.append(place_micro_batch(batch, run.parallel_dims, device))
+    return batches
 
 
 def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> dict:
     """One optimizer step over this rank's micro-batches: loss, grad_norm, tokens (the global
-    count of tokens the loss counts), and moe_aux_loss for MoE models.
+    count of tokens the loss counts), moe_aux_loss for MoE models, and loss_metrics (the loss
+    function's own, e.g. DPO's rewards, normalised as the loss; {} for the token loss).
 
     guard_nonfinite (the trainer's): a step whose global loss or gradient norm is NaN/Inf does
     not update the weights, the optimizer state or the expert bias; out["nonfinite"] says which
@@ -32,10 +44,11 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
     model, pd = run.model, run.parallel_dims
     loss_group = pd.loss_group()
     device = batches[0]["input_ids"].device
-    # The loss is a sum over tokens divided by the global valid-token count, so every
-    # micro-batch and rank weighs tokens equally whatever the layout.
-    global_tokens = sum(num_valid_tokens(b["labels"]) for b in batches)
-    global_tokens = dist_utils.all_reduce_sum(global_tokens.float(), loss_group)
+    # The loss is a sum divided by its global count (valid tokens; DPO: preference pairs), so
+    # every micro-batch and rank weighs them equally whatever the layout. One all-reduce
+    # brings that count and the token count.
+    counts = sum(torch.stack([num_valid_tokens(b["labels"]), run.loss_count(b)]) for b in batches)
+    global_tokens, global_count = dist_utils.all_reduce_sum(counts.float(), loss_group)
     # Gradients are summed over dp*cp ranks, so the per-rank aux losses are averaged here.
     aux_scale = 1.0 / (len(batches) * pd.dp * pd.cp)
     model.set_moe_aux_loss_scale(aux_scale)
@@ -43,11 +56,16 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
     aux_total = torch.zeros((), device=device)
     balance_bias = model.args.num_experts > 0 and model.args.moe_bias_update_rate > 0
     load_before = model.expert_load().clone() if balance_bias else None
+    metrics: dict[str, torch.Tensor] = {}
     for i, batch in enumerate(batches):
         before_micro_batch(model, run.accumulation, i, len(batches))
-        ce = run.loss_fn(model, batch) / global_tokens
+        loss = run.loss_fn(model, batch)
+        loss, loss_metrics = loss if isinstance(loss, tuple) else (loss, {})
+        ce = loss / global_count
         ce.backward()
         ce_total += ce.detach()
+        for name, value in loss_metrics.items():
+            metrics[name] = metrics.get(name, 0) + value / global_count
         aux = model.moe_aux_loss()  # logged only: its gradient rides on each MoE output
         if aux is not None:
             aux_total += aux * aux_scale
@@ -70,6 +88,7 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
         step_load = dist_utils.all_reduce_sum(model.expert_load() - load_before, loss_group)
         model.update_expert_bias(step_load)
     out = {"loss": ce_total, "grad_norm": grad_norm, "nonfinite": nonfinite, "tokens": tokens}
+    out["loss_metrics"] = metrics
     if model.args.num_experts:
         out["moe_aux_loss"] = aux_total
     return out

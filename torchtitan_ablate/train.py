@@ -9,6 +9,7 @@ import gc
 import logging
 import os
 import signal
+import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -27,16 +28,24 @@ import torch  # noqa: E402
 
 from torchtitan_ablate.build import build_data, build_layout, build_run
 from torchtitan_ablate.components.checkpoint import CheckpointManager
+from torchtitan_ablate.components.checkpoint_seed import create_seed_checkpoint
 from torchtitan_ablate.components.checkpoint_state import TrainState
 from torchtitan_ablate.components.data import state_same_on_every_rank
+from torchtitan_ablate.components.dpo import init_reference, reference_states
 from torchtitan_ablate.components.finite import NonFiniteError
-from torchtitan_ablate.components.metrics import MetricsLogger
+from torchtitan_ablate.components.metrics import (
+    MetricsLogger,
+    attention_pairs,
+    median_noise,
+    steady_values,
+)
 from torchtitan_ablate.components.profiling import CommProfiler
 from torchtitan_ablate.components.run_settings import run_settings
 from torchtitan_ablate.components.trace_profiler import TraceProfiler
 from torchtitan_ablate.components.trackers import check_trackers
 from torchtitan_ablate.components.validate import Validator
 from torchtitan_ablate.config import JobConfig, check_dump_folder, run_main, write_config
+from torchtitan_ablate.config.dpo_config import DPO_FLOPS_FACTOR, dpo_enabled
 from torchtitan_ablate.config.errors import report
 from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.step import next_micro_batches, train_step
@@ -96,22 +105,34 @@ class Trainer:
             dataloader_state_shared=state_same_on_every_rank(
                 config.training.data_sharding, config.training.num_workers
             ),
-            states={"train_state": self.train_state},
+            states={"train_state": self.train_state, **reference_states(self.run.reference)},
         )
+        # The conventional FLOPs per token, and its parts for the work-done figure: 6 * params
+        # per token (seq_len 0) and the attention FLOPs per (query, key) pair; DPO adds the
+        # reference model's forward.
+        factor = DPO_FLOPS_FACTOR if dpo_enabled(config) else 1.0
+
+        def flops(seq_len: int) -> float:
+            return factor * self.model_args.num_flops_per_token(seq_len)
+
         self.metrics = MetricsLogger(
             config.metrics,
             config.job.dump_folder,
             self.device,
-            self.model_args.num_flops_per_token(config.training.seq_len),
+            flops(config.training.seq_len),
             self.is_writer,
             run_config=asdict(config),
+            dense_flops_per_token=flops(0),
+            attention_flops_per_pair=flops(1) - flops(0),
         )
+        self.step_pairs = 0
         self.comm_profiler = CommProfiler(
             config.metrics,
             config.job.dump_folder,
             self.device,
             self.is_writer,
             config.training.steps,
+            warmup_steps=config.training.throughput_warmup_steps,
         )
         rank = torch.distributed.get_rank()
         self.trace_profiler = TraceProfiler(
@@ -133,8 +154,15 @@ class Trainer:
     def next_batches(self, data_iter: Iterator) -> tuple[list[dict], float]:
         """This step's micro-batches on the device, and the seconds spent waiting for them."""
         start = time.perf_counter()
-        batches = next_micro_batches(data_iter, self.run, self.device)
+        self.step_pairs = 0
+        batches = next_micro_batches(data_iter, self.run, self.device, self._count_pairs)
         return batches, time.perf_counter() - start
+
+    def _count_pairs(self, batch: dict) -> None:
+        """Attention pairs of a loader batch (whole rows, before the CP slice), on the host."""
+        ids = batch.get("document_ids")
+        batch_size, seq_len = batch["input_ids"].shape
+        self.step_pairs += attention_pairs(ids, seq_len, batch_size)
 
     def train_step(self, batches: list[dict]) -> dict:
         return train_step(self.run, batches, guard_nonfinite=True)
@@ -144,6 +172,8 @@ class Trainer:
         self.step = self.checkpointer.load()
         if self.step:
             logger.info(f"resumed from step {self.step}")
+        elif self.run.reference is not None:  # DPO: the reference starts from the loaded weights
+            init_reference(self.model, self.run.reference)
         last = config.training.steps
         self.metrics.open(resumed_step=self.step, last_step=last)
         signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -161,9 +191,17 @@ class Trainer:
             self._count_nonfinite(out["nonfinite"])  # raises NonFiniteError past the limit
             self.comm_profiler.step(self.step)
             self.trace_profiler.step(self.step)
-            self.metrics.add_tokens(sum(b["input_ids"].numel() for b in batches), data_time)
-            # The step's global count of tokens the loss counts (labels != -100: no padding, no
-            # masked SFT prompt), read by train_step with its non-finite check.
+            # out["tokens"]: the step's global count of tokens the loss counts (labels != -100:
+            # no padding, no masked SFT prompt), read by train_step with its non-finite check.
+            # Per GPU: that over the ranks; the cp ranks of a row share its attention work.
+            pd = self.parallel_dims
+            self.metrics.add_tokens(
+                sum(b["input_ids"].numel() for b in batches),
+                data_time,
+                trained_tokens=out["tokens"] / pd.world_size,
+                attention_pairs=self.step_pairs / pd.cp,
+                profiled=self.comm_profiler.covers(self.step),
+            )
             self.train_state.step = self.step
             self.train_state.tokens_seen += out["tokens"]
             validate = self.validator is not None and self.validator.should_run(self.step, last)
@@ -179,13 +217,16 @@ class Trainer:
             # Every step, so a SIGTERM stops the run at the next step boundary whatever
             # log_freq: one scalar all-reduce and host read per step on several ranks, after
             # the optimizer step is queued (a second sync besides the non-finite check's).
-            sigterm = self._stop_requested_anywhere()
-            stop = self.step == config.training.exit_at_step or sigterm
+            measured = log_now and self._throughput_measured(records)
+            sigterm, measured = self._stop_requested_anywhere(measured)
+            stop = self.step == config.training.exit_at_step or sigterm or measured
             saved = self.checkpointer.save(self.step, force=self.step == last or stop)
             if self.step == first:  # start-up is over: a stalled rank now fails the others sooner
                 dist_utils.set_timeout(config.comm.train_timeout_seconds)
             if stop and self.step < last:
                 why = "SIGTERM" if sigterm else "training.exit_at_step"
+                if measured and not sigterm:
+                    why = "tokens/s measured: training.throughput_noise_target"
                 what = "checkpoint saved" if saved else "checkpointing is off: nothing saved"
                 logger.info(f"stopping at step {self.step} ({why}; {what})")
                 break
@@ -202,6 +243,10 @@ class Trainer:
         values = {"loss": dist_utils.all_reduce_sum(out["loss"].clone(), group).item()}
         values["grad_norm"] = float(out["grad_norm"])
         values["lr"] = lr
+        if out["loss_metrics"]:  # DPO's rewards/* and logps/*, normalised as the loss
+            names = list(out["loss_metrics"])
+            sums = torch.stack([out["loss_metrics"][k] for k in names])
+            values.update(zip(names, dist_utils.all_reduce_sum(sums, group).tolist()))
         if "moe_aux_loss" in out:
             aux = dist_utils.all_reduce_sum(out["moe_aux_loss"].clone(), group)
             values["moe_aux_loss"] = aux.item()
@@ -234,12 +279,37 @@ class Trainer:
             f"saved at this step (newest checkpoint: {newest})"
         )
 
-    def _stop_requested_anywhere(self) -> bool:
-        """Whether any rank got SIGTERM: all ranks must stop (and save) at the same step."""
+    def _throughput_measured(self, records: list[dict]) -> bool:
+        """Whether the steady-state tokens/s median is known within
+        training.throughput_noise_target (components/metrics.median_noise)."""
+        t = self.config.training
+        if t.throughput_noise_target <= 0:
+            return False
+        tps = steady_values(records, t.throughput_warmup_steps)
+        noise = median_noise(tps)
+        if noise is None or noise > t.throughput_noise_target:
+            return False
+        if self.is_writer:
+            median = statistics.median(tps)
+            logger.info(
+                f"tokens/s median {median:,.0f} known within +-{100 * noise:.2f}% over "
+                f"{len(tps)} steady steps (training.throughput_noise_target = "
+                f"{t.throughput_noise_target})"
+            )
+        return True
+
+    def _stop_requested_anywhere(self, measured: bool) -> tuple[bool, bool]:
+        """(any rank got SIGTERM, rank 0's throughput is measured): all ranks must stop (and
+        save) at the same step, and their timings differ, so rank 0's verdict rides on the
+        same all-reduce."""
         if self.parallel_dims.world_size == 1:
-            return self.stop_requested
-        flag = torch.tensor(float(self.stop_requested), device=self.device)
-        return bool(dist_utils.all_reduce_max(flag, torch.distributed.group.WORLD).item())
+            return self.stop_requested, measured
+        flags = [float(self.stop_requested), float(measured and self.is_writer)]
+        flags_t = torch.tensor(flags, device=self.device)
+        sigterm, measured = dist_utils.all_reduce_max(
+            flags_t, torch.distributed.group.WORLD
+        ).tolist()
+        return bool(sigterm), bool(measured)
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         logger.warning("SIGTERM: stopping at the end of this step, with every rank")
@@ -257,6 +327,9 @@ def main(config: JobConfig) -> list[dict]:
 
         return estimate_main(config)
     try:
+        if config.checkpoint.create_seed_checkpoint:
+            create_seed_checkpoint(config)
+            return []
         return Trainer(config).train()
     except NonFiniteError as e:
         # One line and its own exit code, on every rank alike (all ranks agree on the values);

@@ -39,7 +39,7 @@ def test_sigterm_reaches_the_workers_and_they_save_before_exiting(tmp_path):
     with open(log, "w") as f:
         p = _launch(tmp_path, args, stdout=f, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 240
-        while "step     1 " not in log.read_text() and time.monotonic() < deadline:
+        while "step     1/" not in log.read_text() and time.monotonic() < deadline:
             assert p.poll() is None, log.read_text()
             time.sleep(0.5)
         time.sleep(1)  # a few steps into the run, not on a log step

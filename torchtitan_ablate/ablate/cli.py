@@ -57,8 +57,8 @@ def _gib(value: float | None) -> str:
 
 def print_plan(plan: dict) -> None:
     print(f"{plan['spec']['name']}: {plan['spec']['config_file']} on {plan['ngpu']} process(es)")
-    print(f"{'variant':<22} {'mesh':<22} {'gbs':>4} {'ga':>3} {'steps':>5}  {'seeds':<10} "
-          "predicted GiB  fits")  # fmt: skip
+    print(f"{'variant':<22} {'gpus':>4} {'mesh':<22} {'gbs':>4} {'ga':>3} {'steps':>5}  "
+          f"{'seeds':<10} predicted GiB  fits")  # fmt: skip
     for v in plan["variants"]:
         if v["error"]:
             print(f"{v['name']:<22} INVALID")
@@ -67,7 +67,7 @@ def print_plan(plan: dict) -> None:
         fits = {True: "yes", False: "NO", None: "n/a"}[mem["fits"]]
         seeds = ",".join(str(s) for s in v["seeds"])
         print(
-            f"{v['name']:<22} {lay['mesh']:<22} {lay['global_batch_size']:>4} "
+            f"{v['name']:<22} {lay['ngpu']:>4} {lay['mesh']:<22} {lay['global_batch_size']:>4} "
             f"{lay['grad_accum']:>3} {lay['steps']:>5}  {seeds:<10} "
             f"{_gib(mem['predicted_peak_gib']):>13}  {fits}"
         )

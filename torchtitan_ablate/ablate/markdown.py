@@ -25,20 +25,27 @@ def _memory(row: dict) -> tuple[str, str]:
     return measured, predicted
 
 
+def _noise(r: dict) -> str:
+    if r["tps_noise_pct"] is None:
+        return "n/a" + (" (budget hit)" if r["noise_note"] else "")
+    return f"+-{r['tps_noise_pct']:.1f}%" + (f" ({r['noise_note']})" if r["noise_note"] else "")
+
+
 def results_table(rows: list[dict]) -> list[str]:
-    profiled = any(r["comm_pct"] is not None for r in rows)
+    profiled = any(r["compute_pct"] is not None for r in rows)
     validated = any(r["validation_loss_mean"] is not None for r in rows)
     head = (
-        "| variant | runs ok | tokens/s/GPU (median) | noise | speedup | TFLOP/s | MFU % "
-        "| peak mem measured GiB | predicted GiB | mem ratio | final loss (mean +- std) |"
+        "| variant | runs ok | GPUs | steps | tokens/s/GPU (median) | noise | speedup "
+        "| processed tokens/s/GPU | TFLOP/s | MFU % (doc) | peak mem measured GiB "
+        "| predicted GiB | mem ratio | final loss (mean +- std) | data % |"
     )
-    sep = "|---|---|---|---|---|---|---|---|---|---|---|"
+    sep = "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     if validated:
         head += " validation loss (mean) |"
         sep += "---|"
     if profiled:
-        head += " comm / compute / data % | GPU util % |"
-        sep += "---|---|"
+        head += " compute / exposed comm / idle % | all comm % | GPU util % |"
+        sep += "---|---|---|"
     lines = [head, sep]
     for r in rows:
         measured, predicted = _memory(r)
@@ -48,18 +55,25 @@ def results_table(rows: list[dict]) -> list[str]:
         ratio = _num(r["memory_ratio"])
         if r["memory_ratio"] is not None:
             ratio += f" ({r['memory_ratio_basis']})"
-        noise = "n/a" if r["tps_noise_pct"] is None else f"+-{r['tps_noise_pct']:.1f}%"
         speedup = "n/a" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+        mfu = _num(r["mfu_pct"], ".1f")
+        if r["mfu_doc_pct"] is not None:
+            mfu += f" ({r['mfu_doc_pct']:.1f})"
         line = (
-            f"| {r['variant']} | {r['runs_ok']}/{r['runs']} | {_num(r['tps_median'], ',.0f')} "
-            f"| {noise} | {speedup} | {_num(r['tflops'], '.3g')} | {_num(r['mfu_pct'], '.1f')} "
-            f"| {measured} | {predicted} | {ratio} | {loss} |"
+            f"| {r['variant']} | {r['runs_ok']}/{r['runs']} | {_num(r['ngpu'], 'd')} "
+            f"| {_num(r['steps_run'], 'd')} "
+            f"| {_num(r['tps_median'], ',.0f')} | {_noise(r)} | {speedup} "
+            f"| {_num(r['tps_processed_median'], ',.0f')} | {_num(r['tflops'], '.3g')} | {mfu} "
+            f"| {measured} | {predicted} | {ratio} | {loss} | {_num(r['data_pct'], '.1f')} |"
         )
         if validated:
             line += f" {_num(r['validation_loss_mean'], '.4f')} |"
         if profiled:
-            shares = [_num(r[k], ".0f") for k in ("comm_pct", "compute_pct", "data_pct")]
-            line += f" {' / '.join(shares)} | {_num(r['gpu_util_pct'], '.0f')} |"
+            shares = [_num(r[k], ".0f") for k in ("compute_pct", "exposed_comm_pct", "idle_pct")]
+            line += (
+                f" {' / '.join(shares)} | {_num(r['comm_pct'], '.0f')} "
+                f"| {_num(r['gpu_util_pct'], '.0f')} |"
+            )
         lines.append(line)
     return lines
 
@@ -103,10 +117,14 @@ def render(plan: dict, rows: list[dict], plots: list[str], out: Path, noise: str
     if spec["description"]:
         lines += [spec["description"], ""]
     lines += [
-        f"{header(plan)} {plan['ngpu']} process(es) per run, "
+        f"{header(plan)} {plan['ngpu']} process(es) per run (GPUs column: a variant's own). "
         f"tokens/s = median over the logged steps after the first "
-        f"{spec['throughput_warmup_steps']} (at most half of a run; per GPU, padding included). "
-        "The first variant is the baseline.",
+        f"{spec['throughput_warmup_steps']} (at most half of a run), the profiled steps left out, "
+        "per GPU: trained tokens (the tokens the loss counts: no padding); processed tokens/s "
+        "counts padding too. MFU: conventional (attention over the whole row, as published "
+        "figures); in brackets the work done (attention within documents, causal). data %: "
+        "time waiting for the data loader; compute / exposed comm / idle: the profiled steps "
+        "(docs/ablation.md). The first variant is the baseline.",
         "",
         "## Results",
         "",

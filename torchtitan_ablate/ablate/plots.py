@@ -1,6 +1,7 @@
 """Report plots (matplotlib, optional extra `plots`): loss curves against steps (and against
 tokens seen when the variants see different tokens per step), throughput, memory measured vs
-predicted, and tokens/s against the batch per optimizer step for batch-size sweeps.
+predicted, tokens/s and memory against the batch per optimizer step for batch-size sweeps, and
+the profiled step's breakdown (compute / exposed communication / idle) per variant.
 
 Each `*_figure` function returns the figure unsaved, so tests can read its legends and axes."""
 
@@ -139,6 +140,71 @@ def tokens_vs_batch_plot(plt, rows: list[dict], out: Path) -> str:
     return _save(fig, out, "tokens_vs_batch.png")
 
 
+def memory_vs_batch_plot(plt, rows: list[dict], out: Path) -> str:
+    """Peak memory per GPU against tokens per optimizer step, measured (solid) and predicted
+    (dashed), one colour per group."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["tokens_per_step"]:
+            groups.setdefault(r["group"], []).append(r)
+    for i, (group, members) in enumerate(groups.items()):
+        members.sort(key=lambda r: (r["tokens_per_step"], r["grad_accum"]))
+        for key, style, what in (("memory_measured_gib", "-o", "measured"),
+                                 ("memory_predicted_gib", "--x", "predicted")):  # fmt: skip
+            pts = [(r["tokens_per_step"], r[key]) for r in members if r[key] is not None]
+            if pts:
+                ax.plot(*zip(*pts), style, color=f"C{i % 10}", label=f"{group} {what}")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="tokens per optimizer step (global batch x seq_len)")
+    ax.set(ylabel="peak memory per GPU (GiB)", title="Memory vs batch")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out, "memory_vs_batch.png")
+
+
+BREAKDOWN = (  # (label, colour): the parts of a step that add up to 100%
+    ("compute", "C0"),
+    ("exposed communication", "C3"),
+    ("idle: data loading", "C2"),
+    ("idle: other (host-bound)", "C7"),
+)
+
+
+def step_breakdown(row: dict) -> list[float] | None:
+    """The profiled step of a variant in % (BREAKDOWN's order): compute, exposed collectives,
+    and the idle rest split into waiting for data (at most the idle time) and other host time;
+    None without a profile."""
+    if row.get("compute_pct") is None or row.get("idle_pct") is None:
+        return None
+    idle = row["idle_pct"]
+    data = min(row.get("data_pct") or 0.0, idle)
+    return [row["compute_pct"], row["exposed_comm_pct"] or 0.0, data, idle - data]
+
+
+def breakdown_figure(plt, rows: list[dict]):
+    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(rows) + 2), 4.5))
+    names = [r["variant"] for r in rows]
+    parts = [step_breakdown(r) or [0.0] * len(BREAKDOWN) for r in rows]
+    bottom = [0.0] * len(rows)
+    for j, (label, color) in enumerate(BREAKDOWN):
+        heights = [p[j] for p in parts]
+        ax.bar(range(len(rows)), heights, 0.6, bottom=bottom, color=color, label=label)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    for i, r in enumerate(rows):
+        if step_breakdown(r) is None:
+            ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set(ylabel="% of step wall time (profiled steps)", ylim=(0, 105))
+    ax.set(title="Where the step goes (compute / exposed comm / idle)")
+    ax.legend(fontsize=7, loc="lower right")
+    return fig
+
+
+def breakdown_plot(plt, rows: list[dict], out: Path) -> str:
+    return _save(breakdown_figure(plt, rows), out, "step_breakdown.png")
+
+
 def make_plots(rows: list[dict], out: Path) -> list[str]:
     """Writes the plots into out; returns their file names ([] without matplotlib)."""
     plt = _pyplot()
@@ -152,5 +218,9 @@ def make_plots(rows: list[dict], out: Path) -> list[str]:
     batches = {(r["tokens_per_step"], r["grad_accum"]) for r in rows if r["tokens_per_step"]}
     if len(batches) > 1:  # a batch-size or accumulation sweep
         names.append(tokens_vs_batch_plot(plt, rows, out))
+        if any(r["memory_measured_gib"] or r["memory_predicted_gib"] for r in rows):
+            names.append(memory_vs_batch_plot(plt, rows, out))
+    if any(step_breakdown(r) for r in rows):
+        names.append(breakdown_plot(plt, rows, out))
     plt.close("all")
     return names

@@ -1,11 +1,14 @@
 """The report of a finished (or partly finished) ablation, from OUT/ablation.json and the run
 folders only: results.csv, results.json, report.md and the plots.
 
-Run-to-run noise of a variant's tokens/s: with 2+ finished seeds, half the range of the per-seed
-medians relative to their median; with one seed, the relative standard deviation of the
-post-warm-up step tokens/s. A speedup is called within noise when |speedup - 1| is at most the
-baseline's noise plus the variant's. A final-loss difference is within noise when it is at most
-the larger of the two variants' seed ranges (max - min of the final loss over seeds).
+Noise of a variant's median tokens/s: half the width of the distribution-free 95% confidence
+interval of the median of its steady-state step tokens/s (order statistics, at least 10 steps;
+the profiled steps left out), relative to the median; with 2+ finished seeds, the larger of that
+and half the range of the per-seed medians relative to their median. "(budget hit)": the
+ablation's noise_target was not reached within its steps. A speedup is called within noise
+when |speedup - 1| is at most the baseline's noise plus the variant's. A final-loss difference
+is within noise when it is at most the larger of the two variants' seed ranges (max - min of the
+final loss over seeds).
 """
 
 import csv
@@ -17,6 +20,7 @@ from typing import Any
 
 from torchtitan_ablate.ablate.runner import PLAN_FILE, read_status
 from torchtitan_ablate.ablate.spec import AblationError
+from torchtitan_ablate.components.metrics import median_noise
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -24,13 +28,20 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 COLUMNS = [
-    "variant", "group", "status", "runs_ok", "runs", "tps_median", "tps_noise_pct", "speedup",
-    "tflops", "mfu_pct", "memory_measured_gib", "memory_reserved_gib", "memory_predicted_gib",
+    "variant", "group", "status", "runs_ok", "runs", "ngpu", "steps_run", "tps_median",
+    "tps_noise_pct", "noise_note", "speedup", "tps_processed_median", "tflops", "mfu_pct",
+    "mfu_doc_pct", "memory_measured_gib", "memory_reserved_gib", "memory_predicted_gib",
     "fits_predicted", "memory_ratio", "memory_ratio_basis", "final_loss_mean",
     "final_loss_spread", "final_loss_std", "validation_loss_mean", "global_batch_size",
-    "grad_accum", "tokens_per_step",
-    "comm_pct", "compute_pct", "data_pct", "gpu_util_pct", "error", "verdict",
+    "grad_accum", "tokens_per_step", "compute_pct", "exposed_comm_pct", "idle_pct", "data_pct",
+    "comm_pct", "gpu_util_pct", "profile_method", "error", "verdict",
 ]  # fmt: skip
+# Keys of the trainer's metrics.jsonl the report takes steady-state medians of (older files
+# lack the later ones: their columns are then n/a).
+STEADY_KEYS = {
+    "tps": "tps_median", "tps_processed": "tps_processed_median", "tflops": "tflops",
+    "mfu": "mfu_pct", "mfu_doc": "mfu_doc_pct", "data_time_frac": "data_pct",
+}  # fmt: skip
 TOKENS_KEY = "tokens_seen"  # the trainer's cumulative global token count, where it logs one
 
 
@@ -66,13 +77,39 @@ def token_curve(records: list[dict], tokens_per_step: int | None) -> tuple[list,
     return None
 
 
-def _rel_std(values: list[float]) -> float | None:
-    if len(values) < 2 or not statistics.median(values):
-        return None
-    return statistics.stdev(values) / statistics.median(values)
+def _noise(per_seed: list[float], steps: list[float], target: float | None) -> tuple:
+    """(noise in %, note): the confidence interval of the median, widened to the seeds' spread;
+    note "budget hit" when a noise target was set and not reached."""
+    noise = median_noise(steps)
+    if len(per_seed) >= 2:
+        spread = (max(per_seed) - min(per_seed)) / 2 / statistics.median(per_seed)
+        noise = spread if noise is None else max(noise, spread)
+    hit = target is not None and (noise is None or noise > target)
+    return (None if noise is None else 100 * noise), ("budget hit" if hit else None)
 
 
-def summarize_variant(variant: dict, out: Path, warmup: int) -> dict[str, Any]:
+def _median_of(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _profile_columns(row: dict, profiles: list[dict]) -> None:
+    """compute / exposed collectives / idle / all collectives % from comm_profile.json (mean
+    over seeds) and NVML utilisation."""
+    for key, share in (("compute_pct", "compute_share"), ("comm_pct", "collectives_share"),
+                       ("exposed_comm_pct", "exposed_collectives_share"),
+                       ("idle_pct", "idle_share")):  # fmt: skip
+        vals = [p[share] for p in profiles if p.get(share) is not None]
+        row[key] = 100 * statistics.fmean(vals) if vals else None
+    vals = [p["gpu_util_pct"] for p in profiles if p.get("gpu_util_pct") is not None]
+    row["gpu_util_pct"] = statistics.fmean(vals) if vals else None
+    methods = {p.get("method") for p in profiles} - {None}
+    row["profile_method"] = ", ".join(sorted(methods)) or None
+
+
+def summarize_variant(
+    variant: dict, out: Path, warmup: int, noise_target: float | None = None
+) -> dict[str, Any]:
     """One row: throughput, memory and loss over the variant's finished seeds."""
     row: dict[str, Any] = {c: None for c in COLUMNS}
     layout = variant.get("layout", {})
@@ -81,6 +118,7 @@ def summarize_variant(variant: dict, out: Path, warmup: int) -> dict[str, Any]:
         variant=variant["name"],
         group=variant["group"],
         runs=len(variant.get("runs", [])),
+        ngpu=layout.get("ngpu"),
         memory_predicted_gib=memory.get("predicted_peak_gib"),
         fits_predicted=memory.get("fits"),
         global_batch_size=layout.get("global_batch_size"),
@@ -91,7 +129,8 @@ def summarize_variant(variant: dict, out: Path, warmup: int) -> dict[str, Any]:
     if variant["error"]:
         row.update(status="invalid", runs_ok=0, error=variant["error"])
         return row
-    per_seed_tps, step_tps, tflops, mfu, finals, active, reserved = [], [], [], [], [], [], []
+    per_seed_tps, finals, active, reserved, steps_run = [], [], [], [], []
+    steady: dict[str, list] = {key: [] for key in STEADY_KEYS}
     errors, profiles, curves, held_out = [], [], {}, []
     token_curves, token_bases = {}, set()
     for run in variant["runs"]:
@@ -114,12 +153,12 @@ def summarize_variant(variant: dict, out: Path, warmup: int) -> dict[str, Any]:
             row["packing"] = read_run_config(run_dir).get("training", {}).get("packing")
         # Short runs (e.g. --set training.steps=5) keep at least their second half.
         skip = min(warmup, records[-1]["step"] // 2)
-        steady = [r for r in records if r["step"] > skip] or records[-1:]
-        tps = [r["tps"] for r in steady]
-        per_seed_tps.append(statistics.median(tps))
-        step_tps += tps
-        tflops += [r["tflops"] for r in steady]
-        mfu += [r["mfu"] for r in steady]
+        kept = [r for r in records if r["step"] > skip and not r.get("profiled")]
+        kept = kept or records[-1:]
+        for key in STEADY_KEYS:
+            steady[key] += [r[key] for r in kept if key in r]
+        per_seed_tps.append(statistics.median(r["tps"] for r in kept))
+        steps_run.append(records[-1]["step"])
         finals.append(records[-1]["loss"])
         validated = [r["validation_loss"] for r in records if "validation_loss" in r]
         held_out += validated[-1:]
@@ -137,14 +176,14 @@ def summarize_variant(variant: dict, out: Path, warmup: int) -> dict[str, Any]:
         row["status"] = "failed" if errors else "not run"
         return row
     row["status"] = "ok" if len(finals) == row["runs"] else f"partial ({len(errors)} failed)"
-    row["tps_median"] = statistics.median(step_tps)
-    if len(per_seed_tps) >= 2:
-        noise = (max(per_seed_tps) - min(per_seed_tps)) / 2 / statistics.median(per_seed_tps)
-    else:
-        noise = _rel_std(step_tps)
-    row["tps_noise_pct"] = None if noise is None else 100 * noise
-    row["tflops"] = statistics.median(tflops)
-    row["mfu_pct"] = statistics.median(mfu) or None  # 0 when the device peak is unknown (CPU)
+    for key, column in STEADY_KEYS.items():
+        row[column] = _median_of(steady[key])
+    row["tps_noise_pct"], row["noise_note"] = _noise(per_seed_tps, steady["tps"], noise_target)
+    row["steps_run"] = max(steps_run)
+    for key in ("mfu_pct", "mfu_doc_pct"):  # 0 when the device peak is unknown (CPU)
+        row[key] = row[key] or None
+    if row["data_pct"] is not None:
+        row["data_pct"] *= 100
     row["memory_measured_gib"] = max(active) if active else None
     row["memory_reserved_gib"] = max(reserved) if reserved else None
     row["final_loss_mean"] = statistics.fmean(finals)
@@ -155,13 +194,7 @@ def summarize_variant(variant: dict, out: Path, warmup: int) -> dict[str, Any]:
     row["validation_loss_mean"] = (
         statistics.fmean(held_out) if len(held_out) == len(finals) else None
     )
-    for key, name in (("comm_pct", "collectives"), ("compute_pct", "compute")):
-        vals = [p[f"{name}_share"] for p in profiles if f"{name}_share" in p]
-        row[key] = 100 * statistics.fmean(vals) if vals else None
-    vals = [p["data_loading_share"] for p in profiles if "data_loading_share" in p]
-    row["data_pct"] = 100 * statistics.fmean(vals) if vals else None
-    vals = [p["gpu_util_pct"] for p in profiles if p.get("gpu_util_pct") is not None]
-    row["gpu_util_pct"] = statistics.fmean(vals) if vals else None
+    _profile_columns(row, profiles)
     return row
 
 
@@ -187,11 +220,12 @@ def compare(row: dict, base: dict) -> None:
     row["speedup"] = speedup
     change = f"{speedup:.2f}x tokens/s ({100 * (speedup - 1):+.1f}%"
     if row["tps_noise_pct"] is None or base["tps_noise_pct"] is None:
-        parts.append(f"{change}; run-to-run noise unknown: too few steps after warm-up)")
+        parts.append(f"{change}; noise unknown: fewer than 10 steady steps)")
     else:
         noise = (row["tps_noise_pct"] + base["tps_noise_pct"]) / 100
         within = "within" if abs(speedup - 1) <= noise else "beyond"
-        parts.append(f"{change}, {within} the run-to-run noise of +-{100 * noise:.1f}%)")
+        hit = " (budget hit)" if row["noise_note"] or base["noise_note"] else ""
+        parts.append(f"{change}, {within} the noise of +-{100 * noise:.1f}%{hit})")
     for basis, key in (("measured", "memory_measured_gib"), ("predicted", "memory_predicted_gib")):
         if row[key] and base[key]:
             row["memory_ratio"] = row[key] / base[key]
@@ -228,7 +262,8 @@ def read_plan(out: Path) -> dict:
 def build_rows(out: Path) -> tuple[dict, list[dict]]:
     plan = read_plan(out)
     warmup = plan["spec"]["throughput_warmup_steps"]
-    rows = [summarize_variant(v, out, warmup) for v in plan["variants"]]
+    target = plan["spec"].get("noise_target")
+    rows = [summarize_variant(v, out, warmup, target) for v in plan["variants"]]
     for row in rows:
         compare(row, rows[0])
     return plan, rows

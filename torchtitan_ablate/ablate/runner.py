@@ -57,6 +57,7 @@ def check_layout(config: JobConfig, ngpu: int) -> dict[str, Any]:
     global_batch = layout.sequences_per_step
     return {
         "flavor": config.model.flavor,
+        "ngpu": ngpu,
         "mesh": f"rep{pd.dp_replicate} shard{pd.dp_shard} cp{pd.cp} ep{pd.ep}",
         "dp": pd.dp,
         "grad_accum": grad_accum,
@@ -66,6 +67,9 @@ def check_layout(config: JobConfig, ngpu: int) -> dict[str, Any]:
         "tokens_per_step": global_batch * config.training.seq_len,
         "steps": config.training.steps,
         "seed": config.training.seed,
+        # Runs of one seed and model size start from the same weights in every layout and
+        # variant (models/common/init.py) unless they load a checkpoint: which one, if any.
+        "initial_weights": config.checkpoint.initial_load_path or "seed",
         "data_sharding": config.training.data_sharding,
     }
 
@@ -86,7 +90,9 @@ def data_note(variants: list[dict[str, Any]]) -> str:
 def plan_variant(
     spec: AblationSpec, variant: Variant, ngpu: int, sets: list[str], estimate: bool
 ) -> dict[str, Any]:
-    """Validates one variant exactly as the launcher will load it; never raises."""
+    """Validates one variant exactly as the launcher will load it, at its own ngpu where it
+    has one; never raises."""
+    ngpu = variant.ngpu or ngpu
     seed = spec.seeds[0] if spec.seeds else None
     args = spec.run_args(variant, seed, sets)
     entry: dict[str, Any] = {"name": variant.name, "group": variant.group or variant.name}
@@ -112,7 +118,7 @@ def plan_variant(
             if not config.metrics.wandb_group:  # a group the user set is kept
                 run_args.append(f"--metrics.wandb_group={spec.name}")
             run_args.append(f"--metrics.wandb_run_name={variant.name}-seed{s}")
-        entry["runs"].append({"seed": s, "dir": run_dir, "args": run_args})
+        entry["runs"].append({"seed": s, "dir": run_dir, "args": run_args, "ngpu": ngpu})
     return entry
 
 
@@ -141,7 +147,7 @@ def run_command(plan: dict, run: dict, out: Path) -> list[str]:
     dump = out / run["dir"]
     cfg = plan["spec"]["config_file"]
     return [
-        f"NGPU={plan['ngpu']}",
+        f"NGPU={run.get('ngpu', plan['ngpu'])}",
         f"CONFIG_FILE={cfg}",
         "./run_train.sh",
         *run["args"],

@@ -8,6 +8,9 @@
     seeds = [42, 43]                        # one run per seed (default: the recipe's seed)
     steps = 30                              # training.steps for every run (optional)
     throughput_warmup_steps = 3             # steps left out of the tokens/s median (default 1)
+    noise_target = 0.02                     # stop a run once its median tokens/s is known
+                                            #   within 2% (steps: the budget; default: off)
+    profile = true                          # profile 3 steady steps per run (default true)
 
     [overrides]                             # section.key = value, applied to every variant
     metrics.log_freq = 1
@@ -17,6 +20,7 @@
 
     [variants.zero2]
     group = "zero2"                         # optional: line name in the batch-size plot
+    ngpu = 2                                # optional: this variant's processes per run
     parallelism.fsdp_reshard_after_forward = "never"
 
 Names (the variants', [ablation] name) become folders: letters, digits, '_', '.', '-' only. A key
@@ -51,9 +55,17 @@ ABLATION_KEYS = {
     "seeds",
     "steps",
     "throughput_warmup_steps",
+    "noise_target",
+    "profile",
 }
-VARIANT_META_KEYS = {"group", "description"}
-RUNNER_OWNED = {"job.dump_folder", "job.config_file", "training.seed"}
+VARIANT_META_KEYS = {"group", "description", "ngpu"}
+RUNNER_OWNED = {
+    "job.dump_folder",
+    "job.config_file",
+    "training.seed",
+    "training.throughput_warmup_steps",  # [ablation] throughput_warmup_steps
+    "training.throughput_noise_target",  # [ablation] noise_target
+}
 # Names become folders (OUT/runs/<variant>, outputs/ablations/<name>): no separators or "..".
 SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -64,6 +76,8 @@ class Variant:
     overrides: dict[str, Any]  # "section.key" -> value
     group: str = ""
     description: str = ""
+    ngpu: int | None = None
+    """Processes per run of this variant (weak scaling); None: the ablation's."""
 
 
 @dataclass
@@ -77,10 +91,20 @@ class AblationSpec:
     seeds: list[int] | None = None
     steps: int | None = None
     throughput_warmup_steps: int = 1
+    noise_target: float | None = None
+    """Relative noise of the median tokens/s at which a run stops early (steps: the budget)."""
+    profile: bool = True
+    """Profile 3 steady-state steps of every run (metrics.comm_profile; overrides may turn it
+    off)."""
 
     def run_args(self, variant: Variant, seed: int | None, sets: list[str]) -> list[str]:
         """The `--section.key=value` arguments of one run (without job.dump_folder)."""
-        args = [] if self.steps is None else [f"--training.steps={self.steps}"]
+        args = [f"--training.throughput_warmup_steps={self.throughput_warmup_steps}"]
+        if self.noise_target is not None:
+            args.append(f"--training.throughput_noise_target={self.noise_target!r}")
+        if self.profile:
+            args.append("--metrics.comm_profile=true")
+        args += [] if self.steps is None else [f"--training.steps={self.steps}"]
         args += [cli_arg(k, v) for k, v in self.overrides.items()]
         args += [cli_arg(k, v) for k, v in variant.overrides.items()]
         if seed is not None:
@@ -139,8 +163,11 @@ def _variant(name: str, table: Any, where: str) -> Variant:
     if not isinstance(table, dict):
         raise AblationError(f"{where}: [variants.{name}] must be a table of section.key = value")
     for key in VARIANT_META_KEYS & set(table):
-        if not isinstance(table[key], str):
-            raise AblationError(f"{where}: [variants.{name}] {key} = {table[key]!r}: a string")
+        value = table[key]
+        if key == "ngpu" and not (type(value) is int and value >= 1):
+            raise AblationError(f"{where}: [variants.{name}] ngpu = {value!r}: a positive integer")
+        if key != "ngpu" and not isinstance(value, str):
+            raise AblationError(f"{where}: [variants.{name}] {key} = {value!r}: a string")
     meta = {k: table[k] for k in VARIANT_META_KEYS & set(table)}
     rest = {k: v for k, v in table.items() if k not in meta}
     return Variant(name, _flatten(rest, f"{where} [variants.{name}]"), **meta)
@@ -194,6 +221,13 @@ def _check_head(head: dict[str, Any], path: Path) -> None:
         if value is not None and (type(value) is not int or value < low):
             kind = "a non-negative integer" if low == 0 else "a positive integer"
             raise AblationError(f"{path}: {key} = {value!r}: {kind}")
+    target = head.get("noise_target")
+    if target is not None and (type(target) not in (int, float) or not 0 < target < 1):
+        raise AblationError(
+            f"{path}: noise_target = {target!r}: a fraction in (0, 1), e.g. 0.02 for 2%"
+        )
+    if type(head.get("profile", True)) is not bool:
+        raise AblationError(f"{path}: profile = {head['profile']!r}: true or false")
 
 
 def load_spec(path: str | Path) -> AblationSpec:
@@ -225,4 +259,6 @@ def load_spec(path: str | Path) -> AblationSpec:
         seeds=head.get("seeds"),
         steps=head.get("steps"),
         throughput_warmup_steps=head.get("throughput_warmup_steps", 1),
+        noise_target=None if "noise_target" not in head else float(head["noise_target"]),
+        profile=head.get("profile", True),
     )

@@ -10,7 +10,8 @@ Layout: `<folder>/step-<N>/` is one DCP checkpoint. Its state dict holds
     is the same on every rank (rows sharding): then every rank loads `dataloader.rank0`.
 A save writes `step-<N>.tmp/` and rank 0 renames it to `step-<N>/` only after DCP has written
 `.metadata` on every rank, so a crash mid-save never leaves a `step-<N>` that resume would pick.
-Only `step-<N>` directories holding `.metadata` count as checkpoints. checkpoint_folder.py holds
+Only `step-<N>` directories holding `.metadata` count as checkpoints; a model-only `step-0` (the
+seed checkpoint, checkpoint_seed.py) resumes as weights alone. checkpoint_folder.py holds
 the on-disk layout and its crash-safe changes (re-saves, crash recovery at start, pruning, setting
 aside the steps newer than an explicit `load_step`); checkpoint_state.py gives each part of the
 state its DCP form (the Stateful wrappers) and wraps DCP's save and load, sorting load failures
@@ -173,7 +174,12 @@ class CheckpointManager:
                 if self.initial_load_path:
                     logger.info(f"resuming from {path}: initial_load_path is not used")
                 try:
-                    self._load_full(path, step)
+                    if step == 0 and "step" not in saved_keys(path):
+                        # create_seed_checkpoint's step 0: model weights only (as torchtitan).
+                        self._load_weights(path, "dcp")
+                        logger.info(f"loaded the seed checkpoint {path} (model weights)")
+                    else:
+                        self._load_full(path, step)
                 except Damaged as e:
                     others = [s for s in steps if s != step]
                     raise ConfigError(
@@ -227,22 +233,27 @@ class CheckpointManager:
         _barrier()
 
     def _load_initial(self) -> None:
-        model_sd = self.model.state_dict()
-        if self.initial_load_format == "hf":
-            load_hf_weights(model_sd, self.initial_load_path)
-        else:
-            keys = saved_keys(self.initial_load_path)
-            # LoRA adapters absent from a base checkpoint keep their initial values.
-            to_load = {k: v for k, v in model_sd.items() if k in keys or ".lora_" not in k}
-            check_keys(self.initial_load_path, to_load, keys)
-            dcp_load(to_load, self.initial_load_path)
-        count, names = nonfinite_entries(model_sd)
-        if count:
-            raise ConfigError(f"holds NaN/Inf values ({_names(names)}): damaged or diverged")
-        self.model.load_state_dict(model_sd)
+        self._load_weights(self.initial_load_path, self.initial_load_format)
         logger.info(
             f"loaded model weights from {self.initial_load_path} ({self.initial_load_format})"
         )
+
+    def _load_weights(self, path: str, load_format: str) -> None:
+        """The model's weights (nothing else) from an HF folder or a model-only or full DCP
+        checkpoint."""
+        model_sd = self.model.state_dict()
+        if load_format == "hf":
+            load_hf_weights(model_sd, path)
+        else:
+            keys = saved_keys(path)
+            # LoRA adapters absent from a base checkpoint keep their initial values.
+            to_load = {k: v for k, v in model_sd.items() if k in keys or ".lora_" not in k}
+            check_keys(path, to_load, keys)
+            dcp_load(to_load, path)
+        count, names = nonfinite_entries(model_sd)
+        if count:
+            raise Damaged(f"holds NaN/Inf values ({_names(names)}): damaged or diverged")
+        self.model.load_state_dict(model_sd)
 
     def _states(self, step: int, for_load: bool, saved_ranks: set[int] | None = None) -> dict:
         """Everything but the model. On load, per-rank entries are only asked for when the

@@ -1,10 +1,21 @@
 """Token cross-entropy as a sum; the trainer divides by the global count of valid tokens so
-that gradient accumulation and every data-parallel layout give the same gradient."""
+that gradient accumulation and every data-parallel layout give the same gradient.
+
+Loss heads (training.loss_impl): a loss head takes the final hidden states [B, S, D], the output
+weight [V, D] and the labels [B, S] and returns the float32 cross-entropy sum without the caller
+building the logits. The model's output head calls it inside its own forward, where FSDP has
+gathered the weight. chunked is this engine's; liger and cce are Liger-Kernel's fused linear
+cross-entropy and Apple's cut cross-entropy (Triton kernels; optional packages).
+"""
 
 import functools
+import importlib.util
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from torchtitan_ablate.config.errors import ConfigError
 
 IGNORE_INDEX = -100  # labels the loss skips (padding, prompts in SFT): torch's default
 
@@ -64,8 +75,8 @@ def _chunk_loss_and_grad_fusable(
 
 
 @functools.cache
-def _compiled_chunk_loss_and_grad():
-    return torch.compile(_chunk_loss_and_grad_fusable)
+def _compiled_chunk_loss_and_grad(backend: str | Callable = "inductor"):
+    return torch.compile(_chunk_loss_and_grad_fusable, backend=backend)
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -80,8 +91,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h_ND, weight_VD, labels_N, chunk_size: int, compiled: bool):
-        chunk_fn = _compiled_chunk_loss_and_grad() if compiled else _chunk_loss_and_grad
+    def forward(ctx, h_ND, weight_VD, labels_N, chunk_size: int, compiled: bool, backend):
+        chunk_fn = _compiled_chunk_loss_and_grad(backend) if compiled else _chunk_loss_and_grad
         n_tokens = h_ND.shape[0]
         loss = torch.zeros((), dtype=torch.float32, device=h_ND.device)
         grad_h_ND = torch.empty_like(h_ND)
@@ -99,7 +110,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         grad_h_ND, grad_w_VD = ctx.saved_tensors
-        return grad_h_ND * grad_loss.to(grad_h_ND.dtype), grad_w_VD * grad_loss, None, None, None
+        grad_h = grad_h_ND * grad_loss.to(grad_h_ND.dtype)
+        return grad_h, grad_w_VD * grad_loss, None, None, None, None
 
 
 def chunked_linear_cross_entropy_sum(
@@ -108,9 +120,10 @@ def chunked_linear_cross_entropy_sum(
     labels_BS: torch.Tensor,
     chunk_size: int,
     compiled: bool = False,
+    backend: str | Callable = "inductor",
 ) -> torch.Tensor:
     """Same value and gradients as cross_entropy_sum(h @ weight^T, labels), chunk by chunk.
-    compiled: fuse each chunk's softmax and gradient with torch.compile."""
+    compiled: fuse each chunk's softmax and gradient with torch.compile (on `backend`)."""
     if not torch.is_grad_enabled():  # validation: the loss alone, no gradients made ahead
         h_ND, labels_N = h_BSD.flatten(0, 1), labels_BS.flatten(0, 1)
         loss = torch.zeros((), dtype=torch.float32, device=h_ND.device)
@@ -119,5 +132,84 @@ def chunked_linear_cross_entropy_sum(
             loss += cross_entropy_sum(logits_1nV, labels_N[i : i + chunk_size][None])
         return loss
     return _ChunkedLinearCrossEntropy.apply(
-        h_BSD.flatten(0, 1), weight_VD, labels_BS.flatten(0, 1), chunk_size, compiled
+        h_BSD.flatten(0, 1), weight_VD, labels_BS.flatten(0, 1), chunk_size, compiled, backend
     )
+
+
+LossHead = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""(h_BSD, weight_VD, labels_BS) -> float32 cross-entropy sum over labels != IGNORE_INDEX."""
+
+# loss_impl -> (module, pip extra of this package, package on PyPI)
+KERNEL_LOSSES = {
+    "liger": ("liger_kernel", "liger", "liger-kernel"),
+    "cce": ("cut_cross_entropy", "cce", "cut-cross-entropy"),
+}
+
+
+def chunked_loss_head(
+    chunk_size: int, compiled: bool = False, backend: str | Callable = "inductor"
+) -> LossHead:
+    return functools.partial(
+        chunked_linear_cross_entropy_sum, chunk_size=chunk_size, compiled=compiled, backend=backend
+    )
+
+
+def _liger_sum(h_ND: torch.Tensor, weight_VD: torch.Tensor, labels_N: torch.Tensor) -> torch.Tensor:
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    # float32 accumulation of the weight gradient, as the chunked loss does; the other options
+    # keep Liger's defaults: no label smoothing, z-loss (lse_square_scale) 0, no softcap.
+    return liger_fused_linear_cross_entropy(
+        h_ND, weight_VD, labels_N, ignore_index=IGNORE_INDEX, reduction="sum",
+        accum_dtype=torch.float32,
+    )  # fmt: skip
+
+
+def _cce_sum(h_ND: torch.Tensor, weight_VD: torch.Tensor, labels_N: torch.Tensor) -> torch.Tensor:
+    from cut_cross_entropy import linear_cross_entropy
+
+    needs_grad = h_ND.requires_grad or weight_VD.requires_grad
+    if needs_grad and h_ND.dtype not in (torch.bfloat16, torch.float16):
+        # cut-cross-entropy's backward asserts on this, after the whole forward.
+        raise ConfigError(
+            "training.loss_impl = 'cce' trains bf16/fp16 hidden states only (its backward), not "
+            f"{h_ND.dtype}: set training.mixed_precision_param = 'bfloat16' or use loss_impl = "
+            "'liger' or 'chunked'"
+        )
+    # The package's defaults, stated: the loss is exact (fp32 log-sum-exp), the gradients are
+    # not: filter_eps="high" skips blocks of softmax - onehot entries all below bf16 eps / 32,
+    # and its kernel sums the gradient blocks in bf16 (docs/performance.md has the figures).
+    return linear_cross_entropy(
+        h_ND, weight_VD, labels_N, ignore_index=IGNORE_INDEX, reduction="sum", filter_eps="high",
+        impl="cce",
+    )  # fmt: skip
+
+
+def check_kernel_loss(impl: str) -> None:
+    """ConfigError (one line) unless loss_impl `impl`'s package is installed and CUDA is here."""
+    module, extra, package = KERNEL_LOSSES[impl]
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(
+            f"training.loss_impl = {impl!r} needs the {package} package: pip install -e .[{extra}]"
+            " (or use loss_impl = 'chunked')"
+        )
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"training.loss_impl = {impl!r} needs CUDA (a Triton kernel) and no GPU is visible; "
+            "use loss_impl = 'chunked' or 'plain'"
+        )
+
+
+def kernel_loss_head(impl: str) -> LossHead:
+    """The liger or cce loss head (check_kernel_loss first)."""
+    fn = _liger_sum if impl == "liger" else _cce_sum
+
+    def head(h_BSD: torch.Tensor, weight_VD: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
+        if h_BSD.device.type != "cuda":  # the memory estimator's fake CPU tensors
+            raise ConfigError(
+                f"training.loss_impl = {impl!r} is a CUDA kernel: it cannot run on "
+                f"{h_BSD.device.type} tensors (the memory estimator models chunked/plain only)"
+            )
+        return fn(h_BSD.flatten(0, 1), weight_VD, labels_BS.flatten(0, 1)).float()
+
+    return head

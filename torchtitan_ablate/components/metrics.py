@@ -1,12 +1,21 @@
 """Per-step metrics: one console line, one JSON object per line in metrics.jsonl, TensorBoard
 and Weights & Biases (trackers.py).
 
-FLOPs per token follow DESIGN.md: 6 * active non-embedding parameters (output included)
-+ 12 * layers * heads * head_dim * seq_len; MFU divides achieved FLOP/s by the device peak.
+Per GPU, per second of the log window (docs/performance.md):
+- tps: trained tokens, the tokens the loss counts (padding and masked prompts excluded);
+  tps_processed: every input token, padding included.
+- tflops / mfu (conventional, as published figures): 6 * active non-embedding parameters
+  (output included) + 12 * layers * heads * head_dim * seq_len per processed token, i.e.
+  attention over the whole row.
+- tflops_doc / mfu_doc (the work done): the same 6 * parameters per processed token, plus
+  12 * layers * heads * head_dim per (query, key) pair the causal document mask keeps:
+  n (n + 1) / 2 pairs per document of n tokens, from each batch's document_ids.
+MFU divides achieved FLOP/s by the device peak.
 """
 
 import json
 import logging
+import math
 import os
 import statistics
 import time
@@ -36,6 +45,46 @@ def device_peak_tflops(device: torch.device, override: float = -1.0) -> float | 
         return None
     name = torch.cuda.get_device_name(device)
     return next((tf for key, tf in PEAK_TFLOPS if key in name), None)
+
+
+def attention_pairs(document_ids_BS: torch.Tensor | None, seq_len: int, batch: int) -> int:
+    """(query, key) pairs a causal attention restricted to documents computes: sum over the
+    row segments of n (n + 1) / 2. Computed on the host batch (no device sync); rows without
+    document ids are one document each."""
+    if document_ids_BS is None:
+        return batch * seq_len * (seq_len + 1) // 2
+    ids = document_ids_BS.reshape(-1, document_ids_BS.shape[-1])
+    starts = torch.ones_like(ids, dtype=torch.bool)
+    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    idx = starts.flatten().nonzero().squeeze(1)
+    lengths = torch.diff(idx, append=idx.new_tensor([ids.numel()]))
+    return int((lengths * (lengths + 1) // 2).sum())
+
+
+# Fewest samples the confidence interval of a median is computed from (n = 10: min to max).
+MIN_NOISE_SAMPLES = 10
+
+
+def median_noise(values: list[float]) -> float | None:
+    """Half-width of the distribution-free 95% confidence interval of the median, relative to
+    the median: order statistics r and n + 1 - r with r = floor((n - 1.96 sqrt(n)) / 2) (the
+    binomial(n, 1/2) interval), no assumption on the distribution, robust to slow outlier
+    steps. None below MIN_NOISE_SAMPLES values or for a non-positive median."""
+    n = len(values)
+    if n < MIN_NOISE_SAMPLES:
+        return None
+    xs = sorted(values)
+    med = statistics.median(xs)
+    if med <= 0:
+        return None
+    r = max(int((n - 1.96 * math.sqrt(n)) / 2), 1)
+    return (xs[n - r] - xs[r - 1]) / 2 / med
+
+
+def steady_values(records: list[dict], warmup: int, key: str = "tps") -> list[float]:
+    """`key` of the records after step `warmup`, leaving out the profiled ones (slower by the
+    profiler's overhead)."""
+    return [r[key] for r in records if r["step"] > warmup and not r.get("profiled")]
 
 
 class DeviceMemoryMonitor:
@@ -75,9 +124,18 @@ class MetricsLogger:
         flops_per_token: float,
         is_writer: bool,
         run_config: dict[str, Any] | None = None,
+        dense_flops_per_token: float | None = None,
+        attention_flops_per_pair: float = 0.0,
     ) -> None:
+        """flops_per_token: the conventional figure; dense_flops_per_token (6 * parameters,
+        default flops_per_token) and attention_flops_per_pair (12 * layers * heads * head_dim)
+        give the work-done figure from the attention pairs add_tokens counts."""
         self.config = config
         self.flops_per_token = flops_per_token
+        self.dense_flops_per_token = (
+            flops_per_token if dense_flops_per_token is None else dense_flops_per_token
+        )
+        self.attention_flops_per_pair = attention_flops_per_pair
         self.peak_tflops = device_peak_tflops(device, config.peak_tflops)
         self.memory = DeviceMemoryMonitor(device)
         self.is_writer = is_writer
@@ -125,12 +183,28 @@ class MetricsLogger:
     def _reset_window(self) -> None:
         self.window_start = time.perf_counter()
         self.window_tokens = 0
+        self.window_trained = 0.0
+        self.window_pairs = 0.0
         self.window_data_time = 0.0
+        self.window_profiled = False
 
-    def add_tokens(self, num_tokens: int, data_time: float) -> None:
-        """Tokens this rank processed (incl. padding) and seconds spent waiting for data."""
+    def add_tokens(
+        self,
+        num_tokens: int,
+        data_time: float,
+        trained_tokens: float,
+        attention_pairs: float,
+        profiled: bool = False,
+    ) -> None:
+        """One step on this GPU: tokens processed (incl. padding), seconds spent waiting for
+        data, tokens the loss counted (its share of the global count), attention pairs inside
+        documents (attention_pairs(), its share under context parallel) and whether a profiler
+        recorded the step (the record is then marked and left out of steady-state figures)."""
         self.window_tokens += num_tokens
+        self.window_trained += trained_tokens
+        self.window_pairs += attention_pairs
         self.window_data_time += data_time
+        self.window_profiled |= profiled
         now = time.perf_counter()  # called once per step: also times the step for the ETA
         self.step_times.append(now - self.step_end)
         self.step_end = now
@@ -147,20 +221,30 @@ class MetricsLogger:
         """Writes one record: values (loss, grad_norm, lr, tokens_seen, ...) plus throughput,
         memory and `time` (UNIX seconds)."""
         elapsed = max(time.perf_counter() - self.window_start, 1e-9)
-        tps = self.window_tokens / elapsed
-        tflops = tps * self.flops_per_token / 1e12
+        processed = self.window_tokens / elapsed
+        tflops = processed * self.flops_per_token / 1e12
+        work = self.window_tokens * self.dense_flops_per_token
+        tflops_doc = (work + self.window_pairs * self.attention_flops_per_pair) / elapsed / 1e12
         record: dict[str, Any] = {"step": step, "time": time.time(), **values}
         record.update(
-            tps=tps,
+            tps=self.window_trained / elapsed,
+            tps_processed=processed,
             tflops=tflops,
-            mfu=100.0 * tflops / self.peak_tflops if self.peak_tflops else 0.0,
+            mfu=self._mfu(tflops),
+            tflops_doc=tflops_doc,
+            mfu_doc=self._mfu(tflops_doc),
             data_time_frac=self.window_data_time / elapsed,
             **self.memory.read_and_reset(),
         )
+        if self.window_profiled:
+            record["profiled"] = True
         self._reset_window()
         if self.is_writer:
             self._write(record)
         return record
+
+    def _mfu(self, tflops: float) -> float:
+        return 100.0 * tflops / self.peak_tflops if self.peak_tflops else 0.0
 
     def _write(self, r: dict[str, Any]) -> None:
         logger.info(self._console_line(r))
@@ -182,12 +266,14 @@ class MetricsLogger:
         if "memory_max_reserved_pct" in r:  # only CUDA reports it
             mem = f"mem {r['memory_max_active_gib']:.2f}/{r['memory_max_reserved_gib']:.2f}GiB"
             mem += f" ({r['memory_max_reserved_pct']:.0f}%)"
-        mfu = f"mfu {r['mfu']:.1f}%" if self.peak_tflops else "mfu n/a"
+        mfu = "mfu n/a"
+        if self.peak_tflops:
+            mfu = f"mfu {r['mfu']:.1f}% (doc {r['mfu_doc']:.1f}%)"
         of = f"/{self.last_step}" if self.last_step else ""
         line = (
             f"step {r['step']:>5}{of}  loss {r['loss']:.4f}  grad_norm {r['grad_norm']:.3f}  "
-            f"lr {r['lr']:.2e}  tps {r['tps']:,.0f}  tflops {r['tflops']:.1f}  "
-            f"{mfu}  {mem}  data {100 * r['data_time_frac']:.1f}%"
+            f"lr {r['lr']:.2e}  tps {r['tps']:,.0f} (processed {r['tps_processed']:,.0f})  "
+            f"tflops {r['tflops']:.1f}  {mfu}  {mem}  data {100 * r['data_time_frac']:.1f}%"
         )
         if "validation_loss" in r:
             line += f"  val_loss {r['validation_loss']:.4f}"

@@ -1,19 +1,27 @@
-"""metrics.comm_profile: where a few steps' wall time goes (collectives, compute, data loading).
+"""metrics.comm_profile: where a few steady-state steps' wall time goes.
 
-A torch.profiler window over steps 3-5 (or the last steps of a shorter run) records every op;
-the busy time of each kind is the union of its events' intervals, so overlapping or nested
-events count once, and a share is busy time / window wall time:
+A torch.profiler window over the 3 steps after training.throughput_warmup_steps (or the last
+steps of a shorter run) records every op; the busy time of each kind is the union of its events'
+intervals, so overlapping or nested events count once, and a share is busy time / window wall
+time:
 
 - collectives: NCCL kernels on the GPU; on CPU (gloo) the c10d / functional-collective ops and
   their waits, which is the time the training thread spends communicating;
-- compute: all other GPU kernels; on CPU the aten ops outside collectives and data loading;
-- data loading: the data loader's `__next__` (host side);
-- other: wall time covered by none of them (Python, launch and host overhead; on the GPU, idle).
+- compute: all other GPU kernels (GPU-side annotations such as Optimizer.step#... or FSDP::...
+  span kernels and are not kernels); on CPU the aten ops outside collectives and data loading;
+- exposed collectives: collective time no compute overlaps (busy(collectives + compute) -
+  busy(compute)), what the step would save without communication;
+- idle: wall time with neither (on the GPU: GPU idle, host-bound; on CPU: Python and other host
+  work outside ops, data loading included);
+- data loading: the data loader's `__next__` (host side; while it runs, the GPU idles once its
+  queue has drained).
 
-On the GPU, collectives and compute overlap (FSDP prefetch), so their shares can add up to more
-than 100%. GPU utilisation is NVML's mean over the window when pynvml is importable. All ranks
-profile (equal overhead); rank 0 writes <dump_folder>/comm_profile.json and one log line. The
-window's steps are slower than the others by the profiler's overhead.
+compute + exposed collectives + idle = 100%. On the GPU, collectives and compute overlap (FSDP
+prefetch), so collectives + compute can exceed 100%. GPU utilisation is NVML's mean over the
+window when pynvml is importable. All ranks profile (equal overhead); rank 0 writes
+<dump_folder>/comm_profile.json and one log line. The window's steps are slower than the others
+by the profiler's overhead: the trainer marks their metrics.jsonl records "profiled" and the
+steady-state figures leave them out. scripts/bench.py --profile uses the same interval analysis.
 """
 
 import json
@@ -61,12 +69,29 @@ def _inside(event: Any, predicate) -> bool:
     return False
 
 
+def exposed_and_idle(
+    comm: list[tuple[float, float]], compute: list[tuple[float, float]], window_us: float
+) -> dict[str, float]:
+    """Busy, exposed-collective and idle microseconds of a window from the collective and
+    compute intervals: exposed = busy(comm + compute) - busy(compute)."""
+    busy = busy_us(comm + compute)
+    return {"busy_us": busy, "exposed_us": busy - busy_us(compute), "idle_us": window_us - busy}
+
+
+def is_gpu_kernel(event: Any) -> bool:
+    """A kernel (or memcpy/memset) on the GPU; GPU-side user annotations span kernels."""
+    return event.device_type == DeviceType.CUDA and not getattr(event, "is_user_annotation", False)
+
+
 def time_shares(events: list, wall_us: float, on_gpu: bool) -> dict[str, Any]:
-    """Busy-time shares of collectives, compute and data loading in a profiled window."""
+    """Busy-time shares of collectives, compute, data loading, exposed collectives and idle in a
+    profiled window."""
     comm, compute, data, per_comm = [], [], [], {}
     for e in events:
         interval = (e.time_range.start, e.time_range.end)
         on_device = e.device_type != DeviceType.CPU
+        if on_device and not is_gpu_kernel(e):
+            continue
         if not on_device and is_data_loading(e.name):
             data.append(interval)
         elif is_collective(e.name) and on_device == on_gpu:
@@ -78,9 +103,12 @@ def time_shares(events: list, wall_us: float, on_gpu: bool) -> dict[str, Any]:
             if not _inside(e, lambda n: is_collective(n) or is_data_loading(n)):
                 compute.append(interval)
     top = sorted(per_comm.items(), key=lambda kv: -kv[1])[:5]
+    split = exposed_and_idle(comm, compute, wall_us)
     return {
         "collectives_share": busy_us(comm) / wall_us,
         "compute_share": busy_us(compute) / wall_us,
+        "exposed_collectives_share": split["exposed_us"] / wall_us,
+        "idle_share": max(0.0, split["idle_us"] / wall_us),
         "data_loading_share": busy_us(data) / wall_us,
         "other_share": max(0.0, 1.0 - busy_us(comm + compute + data) / wall_us),
         "top_collectives_ms": {name[:80]: round(us / 1e3, 3) for name, us in top},
@@ -125,18 +153,28 @@ class CommProfiler:
         device: torch.device,
         is_writer: bool,
         total_steps: int,
+        warmup_steps: int = 2,
     ) -> None:
+        """warmup_steps: steps before the window (allocator, compile); a shorter run profiles
+        its last steps."""
         self.enabled = config.comm_profile and total_steps >= 2
         if config.comm_profile and not self.enabled:
             logger.warning("metrics.comm_profile has no effect: it needs at least 2 steps")
-        self.first = min(3, total_steps)  # steps 1-2 warm up (allocator, compile)
+        self.first = max(min(warmup_steps + 1, total_steps - 2), 2)
         self.last = min(self.first + 2, total_steps)
+        self.window_first: int | None = None
         self.path = os.path.join(dump_folder, "comm_profile.json")
         self.device, self.is_writer = device, is_writer
         self.prof: profile | None = None
         self.gpu_util = _GpuUtil(device)
         self.window_last: int | None = None
         self.summary_: dict[str, Any] | None = None
+
+    def covers(self, step: int) -> bool:
+        """Whether the profiler recorded this step (call after step(step))."""
+        if self.window_first is None or step < self.window_first:
+            return False
+        return self.window_last is None or step <= self.window_last
 
     def step(self, step: int) -> None:
         if not self.enabled or self.window_last is not None:
@@ -183,10 +221,13 @@ class CommProfiler:
         if self.is_writer:
             s = self.summary_
             util = "" if s["gpu_util_pct"] is None else f", GPU util {s['gpu_util_pct']:.0f}%"
+            idle = "GPU idle" if on_gpu else "outside ops"
             logger.info(
-                f"comm profile steps {first}-{last}: collectives "
-                f"{100 * s['collectives_share']:.1f}%, compute {100 * s['compute_share']:.1f}%, "
-                f"data loading {100 * s['data_loading_share']:.1f}% of wall time{util}"
+                f"comm profile steps {first}-{last}: compute {100 * s['compute_share']:.1f}%, "
+                f"exposed collectives {100 * s['exposed_collectives_share']:.1f}% (all "
+                f"collectives {100 * s['collectives_share']:.1f}%), {idle} "
+                f"{100 * s['idle_share']:.1f}%, data loading "
+                f"{100 * s['data_loading_share']:.1f}% of wall time{util}"
             )
             with open(self.path, "w") as f:
                 json.dump(s, f, indent=1)

@@ -7,6 +7,7 @@ reference text (`scripts/config_reference.py` turns them into docs/config_refere
 from dataclasses import dataclass, field
 from typing import Literal
 
+from torchtitan_ablate.config.dpo_config import DPO
 from torchtitan_ablate.config.measure_config import (
     MemoryEstimation,
     Metrics,
@@ -70,10 +71,11 @@ class Model:
 
 @dataclass
 class Training:
-    dataset: Literal["synthetic", "text", "chat"] = "text"
+    dataset: Literal["synthetic", "text", "chat", "preference"] = "text"
     """synthetic: seeded random tokens; text: .txt / .jsonl ({"text": ...}) files in
     dataset_path; chat: .jsonl ({"messages": [{"role", "content"}, ...]}) rendered in Qwen's
-    chat format, loss only on assistant tokens (SFT, see docs/finetuning.md)."""
+    chat format, loss only on assistant tokens (SFT, see docs/finetuning.md); preference:
+    .jsonl ({"prompt", "chosen", "rejected"}) trained with DPO (the [dpo] section)."""
 
     dataset_path: str | list[str] | None = "assets/data/debug_corpus.jsonl"
     """File or folder for dataset = "text" (.txt/.jsonl/.parquet) or "chat"; text: a list of
@@ -126,7 +128,25 @@ class Training:
     """Tokens per chunk of the fused output-projection + cross-entropy (no [B, S, V] logits
     for the whole batch; same value and gradients). The default: on one H100, Qwen3-0.6B at
     batch 8 x 4096 peaks at 54 instead of 65 GiB at the same tokens/s
-    (docs/performance.md). 0 = plain loss on full logits."""
+    (docs/performance.md). 0 = plain loss on full logits (with loss_impl auto)."""
+
+    loss_impl: Literal["auto", "chunked", "plain", "liger", "cce"] = "auto"
+    """Cross-entropy implementation. auto: chunked when loss_chunk_size > 0, else plain;
+    chunked: this engine's, loss_chunk_size tokens at a time; plain: on the full logits;
+    liger / cce: Liger-Kernel's fused linear cross-entropy / Apple's cut cross-entropy (CUDA,
+    pip install -e .[liger] / .[cce]), each with its package's defaults: cce's loss is exact,
+    its gradients approximate (gradient filter, bf16 sums; bf16 training only;
+    docs/performance.md); loss_chunk_size applies to chunked only."""
+
+    throughput_warmup_steps: int = 5
+    """Steps left out of the steady-state tokens/s (compile, allocator warm-up): the noise
+    stop and the metrics.comm_profile window start after them."""
+
+    throughput_noise_target: float = 0.0
+    """Stop cleanly (final checkpoint, exit 0) once the median tokens/s of the logged steps
+    after throughput_warmup_steps is known within this fraction (half-width of its 95%
+    confidence interval / median, over the logged values: metrics.log_freq = 1 logs each step;
+    docs/ablation.md); training.steps is the budget. 0 = off."""
 
     mixed_precision_param: Literal["bfloat16", "float32"] = "bfloat16"
     """Parameter/compute dtype on GPU. CPU runs use float32 unless cpu_mixed_precision."""
@@ -303,6 +323,11 @@ class Checkpoint:
     """Format of initial_load_path: dcp (model-only or full DCP checkpoint) or hf (Hugging Face
     Qwen3 / Qwen3-MoE safetensors, read shard by shard straight into the sharded model)."""
 
+    create_seed_checkpoint: bool = False
+    """Build the model in one process (NGPU=1, degrees 1; needs enable = true), write its initial
+    weights to <folder>/step-0 and exit; every layout then starts from them through
+    initial_load_path (or by resuming in this dump folder)."""
+
 
 @dataclass
 class Comm:
@@ -364,6 +389,7 @@ class JobConfig:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     comm: Comm = field(default_factory=Comm)
     lora: LoRA = field(default_factory=LoRA)
+    dpo: DPO = field(default_factory=DPO)
     metrics: Metrics = field(default_factory=Metrics)
     profiling: Profiling = field(default_factory=Profiling)
     memory_estimation: MemoryEstimation = field(default_factory=MemoryEstimation)

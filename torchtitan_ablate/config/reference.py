@@ -6,14 +6,15 @@ import dataclasses
 import inspect
 from collections.abc import Iterator
 
-from torchtitan_ablate.config import job_config, measure_config
+from torchtitan_ablate.config import dpo_config, job_config, measure_config
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.config.manager import _describe, _field_types, _toml_value
 
 
 def field_docs() -> dict[str, dict[str, str]]:
     """{class name: {field: docstring}} read from the string literal under each field."""
-    body = [n for m in (job_config, measure_config) for n in ast.parse(inspect.getsource(m)).body]
+    modules = (job_config, measure_config, dpo_config)
+    body = [n for m in modules for n in ast.parse(inspect.getsource(m)).body]
     docs: dict[str, dict[str, str]] = {}
     for node in body:
         if not isinstance(node, ast.ClassDef):

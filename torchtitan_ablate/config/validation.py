@@ -8,6 +8,7 @@ the model (experts vs EP, seq_len vs CP) in ParallelDims, the device and install
 module that uses them.
 """
 
+from torchtitan_ablate.config.dpo_config import DPO
 from torchtitan_ablate.config.errors import ConfigError
 from torchtitan_ablate.config.job_config import (
     LORA_TARGETS,
@@ -41,6 +42,7 @@ def validate(config: JobConfig) -> None:
     _check_metrics(config.metrics, config.profiling)
     _check_profiling(config.profiling)
     _check_checkpoint(config.checkpoint)
+    _check_seed_checkpoint(config)
     _check_comm(config.comm)
     _check_memory_estimation(config.memory_estimation)
     _check_activation_checkpoint(config.activation_checkpoint)
@@ -49,6 +51,7 @@ def validate(config: JobConfig) -> None:
         _check_float8(config.float8)
     if config.lora.enable:
         _check_lora(config.lora)
+    _check_dpo(config)
 
 
 def _require(ok: bool, msg: str) -> None:
@@ -90,19 +93,35 @@ def _check_training(t: Training, checkpoint: Checkpoint) -> None:
         f"{t.steps}) and would never stop the run: use a step in 1..{t.steps}, or -1",
     )
     _require(
-        t.packing != "best_fit" or t.dataset == "chat",
-        f"training.packing = 'best_fit' packs whole conversations (training.dataset = 'chat'); "
-        f"with dataset = {t.dataset!r} use greedy or padding",
+        t.packing != "best_fit" or t.dataset in ("chat", "preference"),
+        f"training.packing = 'best_fit' packs whole conversations (training.dataset = 'chat' "
+        f"or 'preference'); with dataset = {t.dataset!r} use greedy or padding",
     )
     _require(
-        not (t.dataset == "chat" and t.data_sharding == "rows"),
-        "training.data_sharding = 'rows' is for text and synthetic data; chat (SFT) data is "
-        "sharded by conversation: use data_sharding = 'documents'",
+        not (t.dataset in ("chat", "preference") and t.data_sharding == "rows"),
+        "training.data_sharding = 'rows' is for text and synthetic data; chat (SFT) and "
+        "preference data are sharded by conversation: use data_sharding = 'documents'",
     )
     _at_least("training.gc_freq", t.gc_freq, 1, " (garbage collection every n steps)")
     _at_least("training.max_norm", t.max_norm, 0, " (0 turns gradient clipping off)")
     _at_least("training.skip_nonfinite_steps", t.skip_nonfinite_steps, 0, " (0 stops at a NaN)")
     _at_least("training.loss_chunk_size", t.loss_chunk_size, 0, " (0 = plain loss on full logits)")
+    _require(
+        t.loss_impl != "chunked" or t.loss_chunk_size > 0,
+        "training.loss_impl = 'chunked' needs training.loss_chunk_size > 0 (tokens per chunk); "
+        "for the loss on full logits use loss_impl = 'plain'",
+    )
+    _require(
+        t.loss_impl not in ("liger", "cce") or t.device != "cpu",
+        f"training.loss_impl = {t.loss_impl!r} needs CUDA (a Triton kernel) and training.device "
+        "= 'cpu'; use loss_impl = 'chunked' or 'plain' on CPU",
+    )
+    _at_least("training.throughput_warmup_steps", t.throughput_warmup_steps, 0)
+    _require(
+        0 <= t.throughput_noise_target < 1,
+        f"training.throughput_noise_target = {t.throughput_noise_target}: a fraction in [0, 1) "
+        "(e.g. 0.02 for 2%; 0 = off)",
+    )
     _at_least("training.num_workers", t.num_workers, 0, " (0 = load data in the main process)")
 
 
@@ -228,6 +247,39 @@ def _check_checkpoint(ck: Checkpoint) -> None:
     _at_least("checkpoint.keep_latest_k", ck.keep_latest_k, 0, " (0 keeps every checkpoint)")
 
 
+def _check_seed_checkpoint(config: JobConfig) -> None:
+    """create_seed_checkpoint: one process writes fresh weights (torchtitan's rules, plus what
+    would otherwise be ignored)."""
+    ck, p = config.checkpoint, config.parallelism
+    if not ck.create_seed_checkpoint:
+        return
+    key = "checkpoint.create_seed_checkpoint = true"
+    _require(ck.enable, f"{key} needs checkpoint.enable = true (it writes the checkpoint folder)")
+    degrees = {
+        "data_parallel_replicate_degree": p.data_parallel_replicate_degree,
+        "data_parallel_shard_degree": p.data_parallel_shard_degree,
+        "context_parallel_degree": p.context_parallel_degree,
+        "expert_parallel_degree": p.expert_parallel_degree,
+    }
+    for name, degree in degrees.items():
+        _require(
+            degree == 1 or (name == "data_parallel_shard_degree" and degree == -1),
+            f"{key}: parallelism.{name} = {degree}; the seed checkpoint is written by one "
+            "process: set the degrees to 1 and start one process (NGPU=1); every layout then "
+            "loads it through checkpoint.initial_load_path",
+        )
+    _require(
+        ck.initial_load_path is None,
+        f"{key} writes freshly initialised weights, but checkpoint.initial_load_path = "
+        f"{ck.initial_load_path!r} is set; remove one (scripts/convert_checkpoint.py converts "
+        "existing weights)",
+    )
+    _require(
+        not config.memory_estimation.enable,
+        f"{key} and memory_estimation.enable = true: run them separately",
+    )
+
+
 def _check_comm(c: Comm) -> None:
     for key in ("init_timeout_seconds", "train_timeout_seconds"):
         _at_least(f"comm.{key}", getattr(c, key), 1, " (seconds a rank waits in a collective)")
@@ -285,4 +337,47 @@ def _check_lora(lora: LoRA) -> None:
     _require(
         bool(lora.target_modules) and not unknown,
         f"lora.target_modules = {lora.target_modules}: choose one or more of {allowed}",
+    )
+
+
+def _check_dpo(config: JobConfig) -> None:
+    """[dpo] is read with training.dataset = 'preference' only; DPO's own data rules."""
+    d, t = config.dpo, config.training
+    if t.dataset != "preference":
+        _require(
+            d == DPO(),
+            f"[dpo] is set ({d}) but training.dataset = {t.dataset!r}: DPO trains on "
+            "training.dataset = 'preference'; remove the [dpo] keys or change the dataset",
+        )
+        return
+    _require(d.beta > 0, f"dpo.beta = {d.beta}: must be > 0")
+    _require(
+        d.loss_type == "robust" or d.label_smoothing == 0,
+        f"dpo.label_smoothing = {d.label_smoothing} is read by dpo.loss_type = 'robust' only "
+        f"(got {d.loss_type!r}): set it to 0 or use loss_type = 'robust'",
+    )
+    _require(
+        0 <= d.label_smoothing < 0.5,
+        f"dpo.label_smoothing = {d.label_smoothing}: the flip probability, in [0, 0.5)",
+    )
+    _at_least("dpo.max_bad_rows", d.max_bad_rows, 0, " (0 = the first bad row stops the run)")
+    _require(
+        bool(t.dataset_path),
+        "training.dataset = 'preference' needs training.dataset_path (a .jsonl file or folder)",
+    )
+    _require(
+        t.loss_impl in ("auto", "chunked", "plain"),
+        f"training.loss_impl = {t.loss_impl!r}: DPO computes per-token log-probabilities with "
+        "its own chunked head (training.loss_chunk_size tokens at a time); use auto, chunked "
+        "or plain",
+    )
+    _require(
+        not config.validation.enable,
+        "validation.enable = true with training.dataset = 'preference': held-out DPO "
+        "validation is not implemented; set validation.enable = false",
+    )
+    _require(
+        not (config.lora.enable and config.model.moe_bias_update_rate > 0),
+        "model.moe_bias_update_rate > 0 with DPO and LoRA: the reference pass (adapters off) "
+        "runs through the same routers and would count in their load; set it to 0",
     )

@@ -95,26 +95,6 @@ class ExpertParallelExperts(GroupedExperts):
         out_recv_ND = permute_rows(out_ND, inv_perm_N, plan.perm_N)
         return all_to_all_single_autograd(out_recv_ND, plan.send_splits, plan.recv_splits, group)
 
-    @torch.no_grad()
-    def init_weights(self, init_std: float) -> None:
-        # DTensor random ops would fill each shard from the local generator on CPU (every ep
-        # rank gets the same experts) and from an offset-based tracker on CUDA (values unlike
-        # the unsharded run). Instead every rank draws the global weights exactly as a plain
-        # GroupedExperts does, from the same seeded stream, and keeps its part: EP changes no
-        # initial weight. Cost: the three global expert tensors, transiently, on every rank.
-        num_experts, hidden_dim, dim = self.w1.shape
-        with torch.device(_local(self.w1).device):
-            full = GroupedExperts(dim, hidden_dim, num_experts)
-        full.init_weights(init_std)
-        for name in ("w1", "w2", "w3"):
-            w = getattr(self, name)
-            # src_data_rank=None: every rank holds the global tensor, so slice without comms.
-            full_w = getattr(full, name).data
-            if not isinstance(w, DTensor):  # init_weights_unsharded swapped in a full tensor
-                w.copy_(full_w)
-                continue
-            w.copy_(distribute_tensor(full_w, w.device_mesh, w.placements, src_data_rank=None))
-
     def _local_experts(self, x_ND: torch.Tensor, counts_L: torch.Tensor) -> torch.Tensor:
         # The experts see only their own tokens, so they compute on the local shards; to_local()
         # is differentiable and hands the gradient back as a Shard(0) DTensor.

@@ -113,34 +113,3 @@ def clip_grad_norm_(parameters: list[torch.nn.Parameter], max_norm: float) -> to
         local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
         torch._foreach_mul_(local, coef.to(local[0].device))
     return total
-
-
-@torch.no_grad()
-def init_weights_unsharded(model: torch.nn.Module, buffer_device: torch.device) -> None:
-    """Runs model.init_weights() on full-size parameters, then keeps each rank's shard.
-
-    DTensor's random ops give each shard its own slice of the single-device stream only where
-    its RNG tracker works (CUDA); on CPU every shard would draw the same numbers, repeating rows
-    across ranks. Initialising full tensors with the same seed on every rank gives exactly the
-    one-process initialisation, whatever the layout. Costs one full copy of the weights.
-    """
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    full_of: dict[int, tuple[DTensor, torch.nn.Parameter]] = {}
-    swapped = []
-    for module in model.modules():
-        for name, p in list(module._parameters.items()):
-            if isinstance(p, DTensor):
-                if id(p) not in full_of:  # tied weights share one full tensor
-                    full = torch.empty(p.shape, dtype=p.dtype, device=p.to_local().device)
-                    full_of[id(p)] = (p, torch.nn.Parameter(full, p.requires_grad))
-                module._parameters[name] = full_of[id(p)][1]
-                swapped.append((module, name, p))
-    try:
-        model.init_weights(buffer_device=buffer_device)
-    finally:
-        for module, name, p in swapped:
-            module._parameters[name] = p
-    for p, full in full_of.values():
-        shard = distribute_tensor(full.data, p.device_mesh, p.placements, src_data_rank=None)
-        p.to_local().copy_(shard.to_local())

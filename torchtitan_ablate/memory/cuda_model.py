@@ -36,26 +36,57 @@ def context_gib(world_size: int) -> float:
     return CONTEXT_GIB_NCCL if world_size > 1 else CONTEXT_GIB_SINGLE
 
 
-class _FusedAttention(torch.autograd.Function):
-    """Shapes and saved tensors of a fused attention kernel (values are not computed)."""
+# The stand-in is a custom op, opaque to torch.compile: AOTAutograd's partitioner would
+# recompute an empty_like output instead of saving it, where the real kernel's out and lse are
+# outputs it must keep. Shapes only: values are never computed (fake tensors).
+@torch.library.custom_op("ttablate_memory::fused_attention", mutates_args=())
+def _fused_attention(
+    q_BHLK: torch.Tensor, k_BJSK: torch.Tensor, v_BJSK: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    out_BHLK = q_BHLK.new_empty(q_BHLK.shape[:-1] + (v_BJSK.shape[-1],))
+    lse_BHL = q_BHLK.new_empty(q_BHLK.shape[:-1], dtype=torch.float32)
+    # The additive bias SDPA makes of a dense mask for cuDNN / efficient attention (empty else).
+    shape = mask.shape if mask is not None else (0,)
+    bias = q_BHLK.new_empty(shape)
+    return out_BHLK, lse_BHL, bias
 
-    @staticmethod
-    def forward(ctx, q_BHLK, k_BJSK, v_BJSK, mask):
-        out_BHLK = q_BHLK.new_empty(q_BHLK.shape[:-1] + (v_BJSK.shape[-1],))
-        lse_BHL = q_BHLK.new_empty(q_BHLK.shape[:-1], dtype=torch.float32)
-        saved = [q_BHLK, k_BJSK, v_BJSK, out_BHLK, lse_BHL]
-        if mask is not None:
-            saved.append(mask.new_empty(mask.shape, dtype=q_BHLK.dtype))  # the additive bias
-        ctx.save_for_backward(*saved)
-        return out_BHLK
 
-    @staticmethod
-    def backward(ctx, grad_out_BHLK):
-        q_BHLK, k_BJSK, v_BJSK = ctx.saved_tensors[:3]
-        dq_accum_BHLK = q_BHLK.new_empty(q_BHLK.shape, dtype=torch.float32)
-        dq_BHLK = torch.empty_like(q_BHLK)
-        del dq_accum_BHLK
-        return dq_BHLK, torch.empty_like(k_BJSK), torch.empty_like(v_BJSK), None
+@torch.library.custom_op("ttablate_memory::fused_attention_backward", mutates_args=())
+def _fused_attention_backward(
+    grad_out_BHLK: torch.Tensor,
+    q_BHLK: torch.Tensor,
+    k_BJSK: torch.Tensor,
+    v_BJSK: torch.Tensor,
+    out_BHLK: torch.Tensor,
+    lse_BHL: torch.Tensor,
+    bias: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # The kernel's float32 dq accumulator is returned (and dropped) so that it is counted.
+    dq_accum_BHLK = q_BHLK.new_empty(q_BHLK.shape, dtype=torch.float32)
+    return (
+        torch.empty_like(q_BHLK),
+        torch.empty_like(k_BJSK),
+        torch.empty_like(v_BJSK),
+        dq_accum_BHLK,
+    )
+
+
+_fused_attention.register_fake(_fused_attention._init_fn)
+_fused_attention_backward.register_fake(_fused_attention_backward._init_fn)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q_BHLK, k_BJSK, v_BJSK, _ = inputs
+    out_BHLK, lse_BHL, bias = output
+    ctx.save_for_backward(q_BHLK, k_BJSK, v_BJSK, out_BHLK, lse_BHL, bias)
+
+
+def _backward(ctx, grad_out_BHLK, _grad_lse, _grad_bias):
+    dq, dk, dv, _ = _fused_attention_backward(grad_out_BHLK, *ctx.saved_tensors)
+    return dq, dk, dv, None
+
+
+_fused_attention.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _FusedKernelStandIn(DenseKernel):
@@ -66,7 +97,7 @@ class _FusedKernelStandIn(DenseKernel):
 
     def __call__(self, q, k, v, attn_mask=None, is_causal=False, enable_gqa=False):
         mask = None if self.native_gqa_and_documents else attn_mask
-        return _FusedAttention.apply(q, k, v, mask)
+        return _fused_attention(q, k, v, mask)[0]
 
 
 @contextmanager

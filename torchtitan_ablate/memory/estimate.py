@@ -1,21 +1,25 @@
 """estimate(config): rank 0's peak memory for one training step, from fake tensors.
 
-1. Prepare the config for the program CUDA would run (`prepare_config`): eager (compile off),
-   CUDA's dtypes; everything else unchanged.
+1. Prepare the config for the program CUDA would run (`prepare_config`): CUDA's dtypes and
+   kernels; compile settings kept.
 2. In one process: fake process group of N ranks (rank 0), FakeTensorMode, fake cpu device.
 3. `tracked_step`: the trainer's build path and train_step, tracked by MemoryTracker, with MoE
-   routing forced (routing.py) and CUDA's attention kernel stood in (cuda_model.py).
+   routing forced (routing.py), CUDA's attention kernel stood in (cuda_model.py) and, where the
+   config compiles, torch.compile's backend set to `compiled.FakeInductor` (the build path's
+   `compile_backend` seam): Inductor's partitioned graphs run on fake tensors.
 """
 
 import copy
 import logging
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 import torch
 
 from torchtitan_ablate.config import ConfigError, JobConfig
 from torchtitan_ablate.memory import cuda_model
+from torchtitan_ablate.memory.compiled import FakeInductor, describe_program
 from torchtitan_ablate.memory.fake_env import fake_tensors, fake_world, resolve_world_size
 from torchtitan_ablate.memory.routing import forced_routing
 from torchtitan_ablate.memory.step import tracked_step
@@ -32,9 +36,6 @@ def prepare_config(config: JobConfig, target: str) -> tuple[JobConfig, list[str]
     """A copy of config for the program that `target` runs; and notes on what was changed."""
     cfg = copy.deepcopy(config)
     notes = []
-    if cfg.compile.enable:
-        cfg.compile.enable = False
-        notes.append("compile.enable is set: this is the estimate of the eager program")
     if cfg.parallelism.fsdp_cpu_offload:
         raise ConfigError(
             "parallelism.fsdp_cpu_offload = true is not supported by the memory estimator"
@@ -56,6 +57,19 @@ def prepare_config(config: JobConfig, target: str) -> tuple[JobConfig, list[str]
     return cfg, notes
 
 
+@contextmanager
+def fresh_dynamo() -> Iterator[None]:
+    """Dynamo's caches emptied before and after: graphs traced on another fake mode (or real
+    tensors) would be guarded out and count towards its recompile limit, past which blocks run
+    eager silently; a generous limit covers a model whose blocks differ (MoE and dense)."""
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
+            yield
+    finally:
+        torch._dynamo.reset()
+
+
 def estimate(config: JobConfig, target: str = "cuda") -> dict:
     """Peak memory of rank 0 for one steady-state training step, by category (bytes and GiB).
 
@@ -70,8 +84,10 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
     cfg, notes = prepare_config(config, target)
     cuda = target == "cuda"
     grouped_mm = param_dtype(cfg, "cpu") == torch.bfloat16 if cuda else None
+    backend = FakeInductor()
     with ExitStack() as stack:
         stack.enter_context(fake_world(world_size))
+        stack.enter_context(fresh_dynamo())
         stack.enter_context(forced_routing(me.ep_imbalance))
         if cuda:
             native = resolve_backend(config.model.attn_backend, torch.device("cuda")) != "sdpa"
@@ -85,6 +101,7 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
                 round_bytes=cuda_model.ROUND_BYTES if cuda else 1,
                 grouped_mm=grouped_mm,
                 tensor_mode=fake_tensors(),
+                compile_backend=backend,
             )
         except (ValueError, NotImplementedError) as e:
             if isinstance(e, ConfigError):
@@ -115,6 +132,7 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
         "top_modules": _top_modules(tracker.module_activations),
         "ranks": [{"rank": 0, "peak_gib": tracker.peak / GIB, "assumption": assumption}],
         "notes": notes,
+        "program": describe_program(cfg, backend),
         "n_params": result.n_params,
         "seconds": time.perf_counter() - start,
     }

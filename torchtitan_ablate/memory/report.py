@@ -109,6 +109,7 @@ def format_report(est: dict, device_gib: float, fits: bool, line: str, tried: li
         rows.append(f"  {m['module']:<40}{m['gib']:>8.3f} GiB")
     for r in est["ranks"]:
         rows.append(f"assumption: {r['assumption']}")
+    rows.append(est["program"])
     rows += [f"note: {n}" for n in est["notes"]]
     if fits:
         rows.append(f"verdict: {line}")
@@ -137,6 +138,7 @@ def write_json(path: str, est: dict, device_gib: float, fits: bool, tried: list)
         "allocated_peak_gib": est["peak_gib"],
         "top_modules": est["top_modules"],
         "notes": est["notes"],
+        "program": est["program"],
         "suggestions": [{"change": d, "peak_gib": g} for d, g in tried],
     }
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from torchtitan_ablate.build import build_layout, build_run
+from torchtitan_ablate.components.data.preference import synthetic_pair_keys
 from torchtitan_ablate.config import JobConfig
+from torchtitan_ablate.distributed.compile import INDUCTOR, CompileBackend
 from torchtitan_ablate.distributed.context_parallel import place_micro_batch
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.memory.tracker import MemoryTracker
@@ -46,6 +48,8 @@ def synthetic_batches(
             "positions": torch.arange(s, device=device).repeat(b, 1),
             "document_ids": torch.zeros(b, s, dtype=torch.int64, device=device),
         }
+        if config.training.dataset == "preference":  # DPO: a pair per row
+            batch.update(synthetic_pair_keys(b, s, device))
         batches.append(place_micro_batch(batch, pd, device))
     return batches
 
@@ -66,11 +70,13 @@ def tracked_step(
     round_bytes: int = 1,
     grouped_mm: bool | None = None,
     tensor_mode: AbstractContextManager | None = None,
+    compile_backend: CompileBackend = INDUCTOR,
 ) -> StepResult:
     """Builds the run exactly as the trainer does and tracks one steady-state step.
 
     tensor_mode: entered once the meshes exist (FakeTensorMode for the estimate: DeviceMesh
-    needs real rank tensors).
+    needs real rank tensors); compile_backend: torch.compile's backend where the config compiles
+    (the estimator's `compiled.fake_inductor()`).
     """
     reset_dtensor_rng()
     layout = build_layout(config, world_size, device.type)
@@ -78,14 +84,16 @@ def tracked_step(
     if grouped_mm is not None:
         layout.model_args = dataclasses.replace(layout.model_args, moe_grouped_mm=grouped_mm)
     with tensor_mode or nullcontext():
-        run = build_run(config, layout, device, optimizer_device_type)
+        run = build_run(config, layout, device, optimizer_device_type, compile_backend)
         model = run.model
-        _create_optimizer_state(model, run.optimizer)
+        create_optimizer_state(model, run.optimizer)
         batches = synthetic_batches(
             config, pd, layout.model_args.vocab_size, run.grad_accum, device
         )
         tracker = MemoryTracker(round_bytes)
         tracker.track_model(model, run.optimizer)
+        if run.reference is not None:  # DPO's frozen copy: resident weights too
+            tracker.track_frozen(run.reference)
         tracker.track_inputs(batches)
         with tracker:
             train_step(run, batches)
@@ -94,7 +102,7 @@ def tracked_step(
 
 
 @torch.no_grad()
-def _create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.zeros_like(p)

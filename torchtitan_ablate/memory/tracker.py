@@ -21,6 +21,8 @@ Categories (assigned when a storage first appears, moved when its role becomes k
 """
 
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 
 import torch
@@ -45,7 +47,7 @@ CATEGORIES = (
     "inputs",
 )
 _COMM_NAMESPACES = ("_c10d_functional", "c10d", "fsdp")
-_WRAPPER = "._checkpoint_wrapped_module"
+_WRAPPERS = ("._checkpoint_wrapped_module", "._orig_mod")
 # Wrapper subclasses (DTensor, funcol's AsyncCollectiveTensor) own no memory of their own.
 _PLAIN = (torch.Tensor, nn.Parameter)
 # FSDP2 copies the all-gather output into the unsharded parameters (allocated with plain
@@ -68,6 +70,12 @@ def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
     return [st for name in names for st in _storages(getattr(t, name))]
 
 
+def _strip_wrappers(name: str) -> str:
+    for part in _WRAPPERS:
+        name = name.replace(part, "")
+    return name
+
+
 class _Info:
     __slots__ = ("nbytes", "category", "module")
 
@@ -80,7 +88,13 @@ class MemoryTracker(TorchDispatchMode):
     step. Then `peak`, `peak_by_category`, `peak_where` and `module_activations`.
 
     round_bytes: round every storage up to this multiple (512 models the CUDA caching allocator).
+
+    Compiled regions: the tracker is transparent to torch.compile (`ignore_compile_internals`),
+    so dynamo traces the real program and the tracker sees what the compiled graphs run;
+    memory/compiled.py runs them with `uncounted()` around the ops Inductor fuses away.
     """
+
+    _active: "MemoryTracker | None" = None
 
     def __init__(self, round_bytes: int = 1) -> None:
         super().__init__()
@@ -99,13 +113,32 @@ class MemoryTracker(TorchDispatchMode):
         self._handles: list = []
         self._fake_on_entry = None
         self._propagating = False
+        self._uncounted = False
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    @classmethod
+    def active(cls) -> "MemoryTracker | None":
+        """The tracker of the step being tracked, if any."""
+        return cls._active
+
+    @contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Ops run inside allocate nothing that is counted (values fused into a kernel)."""
+        saved, self._uncounted = self._uncounted, True
+        try:
+            yield
+        finally:
+            self._uncounted = saved
 
     # ---- registration ---------------------------------------------------------------------------
 
     def track_model(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Counts what exists before the step and hooks gradients and module boundaries."""
         self._root = model
-        self._names = {id(m): n.replace(_WRAPPER, "") for n, m in model.named_modules()}
+        self._names = {id(m): _strip_wrappers(n) for n, m in model.named_modules()}
         for p in model.parameters():
             for st in _storages(p):
                 self._add(st, "parameters")
@@ -119,6 +152,16 @@ class MemoryTracker(TorchDispatchMode):
                 if isinstance(v, torch.Tensor):
                     for st in _storages(v):
                         self._add(st, "optimizer_states")
+
+    def track_frozen(self, module: nn.Module) -> None:
+        """Counts the weights and buffers of a module the step runs but does not train (DPO's
+        reference copy) as parameters and buffers."""
+        for p in module.parameters():
+            for st in _storages(p):
+                self._add(st, "parameters")
+        for b in module.buffers():
+            for st in _storages(b):
+                self._add(st, "buffers")
 
     def track_inputs(self, batches: list[dict]) -> None:
         for batch in batches:
@@ -191,6 +234,8 @@ class MemoryTracker(TorchDispatchMode):
     # ---- module boundaries (global hooks) -------------------------------------------------------
 
     def _pre_forward(self, module: nn.Module, args) -> None:
+        if torch.compiler.is_compiling():
+            return  # inside a compiled block: traced as a no-op (no guard on the module's id)
         name = self._names.get(id(module))
         if name is None:
             return
@@ -199,6 +244,8 @@ class MemoryTracker(TorchDispatchMode):
         self._stack.append(name)
 
     def _post_forward(self, module: nn.Module, args, out) -> None:
+        if torch.compiler.is_compiling():
+            return
         if id(module) not in self._names or not self._stack:
             return
         self._stack.pop()
@@ -221,7 +268,7 @@ class MemoryTracker(TorchDispatchMode):
         if func is torch.ops._c10d_functional.wait_tensor.default and fake is not None:
             return args[0]  # the fake kernel returns a new tensor; eager waits in place
         out = func(*args, **(kwargs or {}))
-        if fake is not self._fake_on_entry or self._propagating:
+        if fake is not self._fake_on_entry or self._propagating or self._uncounted:
             return out  # DTensor's shape propagation on global shapes: nothing is allocated
         in_backward = torch._C._current_graph_task_id() != -1
         if in_backward:
@@ -270,10 +317,12 @@ class MemoryTracker(TorchDispatchMode):
             nn.modules.module.register_module_forward_hook(self._post_forward, always_call=True),
         ]
         self.peak, self.peak_by_category = self.total, dict(self.live)
+        MemoryTracker._active = self
         return super().__enter__()
 
     def __exit__(self, *args) -> None:
         super().__exit__(*args)
+        MemoryTracker._active = None
         torch.UntypedStorage.resize_ = self._orig_resize
         ShardingPropagator._propagate_tensor_meta_non_cached = self._orig_propagate
         for h in self._handles:

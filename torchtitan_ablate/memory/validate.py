@@ -4,11 +4,14 @@
 tensors in `world_size` gloo processes, with the same forced routing, and returns each rank's
 tracked peak: the fake-free reference for the CPU estimate (`estimate(config, target="cpu")`).
 
+With compile.enable, the real CPU program is Inductor's: its kernels allocate outside the
+dispatcher, so the reference is the profiler's allocator events (`_inductor_cpu_peak`).
+
 `measure_cuda(config, world_size)` runs two real training steps (on one GPU in this process, or
-one spawned NCCL process per GPU) and returns each rank's torch.cuda.max_memory_allocated() of
-the second (steady state: optimizer state resident), the reference for the CUDA estimate. It
-needs GPUs and is not run on CPU machines; the rank harness it shares with `measure_cpu`
-(`_spawn_ranks`) is.
+one spawned NCCL process per GPU), compiled where the config compiles, and returns each rank's
+`active_bytes.all.peak` of the second (steady state: optimizer state resident; the figure the
+trainer logs), the reference for the CUDA estimate. It needs GPUs and is not run on CPU
+machines; the rank harness it shares with `measure_cpu` (`_spawn_ranks`) is.
 """
 
 import copy
@@ -35,11 +38,49 @@ def _cpu_rank(rank: int, world_size: int, store_path: str, out, config: JobConfi
     )
     try:
         with forced_routing(1.0):
-            result = tracked_step(config, world_size, torch.device("cpu"), "cpu")
-        out.put((rank, (result.tracker.peak, dict(result.tracker.peak_by_category))))
+            if config.compile.enable:
+                out.put((rank, (_inductor_cpu_peak(config, world_size), {})))
+            else:
+                result = tracked_step(config, world_size, torch.device("cpu"), "cpu")
+                out.put((rank, (result.tracker.peak, dict(result.tracker.peak_by_category))))
     finally:
         dist.barrier()
         dist.destroy_process_group()
+
+
+def _inductor_cpu_peak(config: JobConfig, world_size: int) -> int:
+    """Peak bytes of the second of two real steps compiled by Inductor on CPU. Inductor's
+    kernels allocate outside the dispatcher, so the profiler's allocator events count them:
+    the peak of what the step allocates, on top of what exists before it (parameters,
+    optimizer state, batch), which the tracker registers."""
+    from torch._C._profiler import _EventType
+
+    from torchtitan_ablate.build import build_layout, build_run
+    from torchtitan_ablate.memory.step import create_optimizer_state, synthetic_batches
+    from torchtitan_ablate.memory.tracker import MemoryTracker
+    from torchtitan_ablate.step import train_step
+
+    device = torch.device("cpu")
+    layout = build_layout(config, world_size, "cpu")
+    run = build_run(config, layout, device, "cpu")
+    create_optimizer_state(run.model, run.optimizer)
+    vocab = layout.model_args.vocab_size
+    train_step(run, synthetic_batches(config, layout.parallel_dims, vocab, run.grad_accum, device))
+    batches = synthetic_batches(config, layout.parallel_dims, vocab, run.grad_accum, device)
+    existing = MemoryTracker()
+    existing.track_model(run.model, run.optimizer)
+    existing.track_inputs(batches)
+    cpu = torch.profiler.ProfilerActivity.CPU
+    with torch.profiler.profile(activities=[cpu], profile_memory=True) as prof:
+        train_step(run, batches)
+    peak = 0
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        if event.typed[0] == _EventType.Allocation:
+            peak = max(peak, event.typed[1].total_allocated)
+        stack += event.children
+    return existing.total + peak
 
 
 def _cuda_rank(rank: int, world_size: int, store_path: str, out, config: JobConfig) -> None:
@@ -80,7 +121,7 @@ def measure_cpu(config: JobConfig, world_size: int) -> list[tuple[int, dict]]:
 
 
 def measure_cuda(config: JobConfig, world_size: int = 1) -> list[int]:
-    """max_memory_allocated (bytes) per rank of the second of two real training steps: in this
+    """active_bytes.all.peak per rank of the second of two real training steps: in this
     process on one GPU, else one spawned process per GPU (NCCL)."""
     if world_size == 1:
         return [_two_steps_peak(config, 1)]
@@ -98,7 +139,6 @@ def _two_steps_peak(config: JobConfig, world_size: int) -> int:
     from torchtitan_ablate.step import train_step
 
     cfg = copy.deepcopy(config)
-    cfg.compile.enable = False  # the estimate is of the eager program
     device = dist_utils.pick_device("cuda")
     reset_dtensor_rng()
     dist_utils.init_distributed(device)  # a no-op when the rank's group already exists
@@ -115,7 +155,7 @@ def _two_steps_peak(config: JobConfig, world_size: int) -> int:
                 torch.cuda.reset_peak_memory_stats()
             train_step(run, batches)
         torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated()
+        return torch.cuda.memory_stats()["active_bytes.all.peak"]
     finally:
         # FSDP's hooks hold reference cycles: collect them, or the next config measured in this
         # process starts with this one's model and optimizer still allocated.

@@ -1,5 +1,6 @@
 """Report numbers and verdicts from hand-written run folders (no training)."""
 
+import importlib.util
 import json
 
 import pytest
@@ -68,12 +69,12 @@ def test_rows_noise_and_verdicts(tmp_path):
     a, b, c, d = rows
     assert a["tps_median"] == 102  # step 1 is warm-up; steps 2-4 of both seeds
     assert abs(a["tps_noise_pct"] - 100 * (104 - 100) / 2 / 102) < 1e-9  # half the seed range
-    assert b["speedup"] == 201 / 102 and "beyond the run-to-run noise" in b["verdict"]
+    assert b["speedup"] == 201 / 102 and "beyond the noise" in b["verdict"]
     assert b["memory_ratio"] == 1.5 and b["memory_ratio_basis"] == "predicted"
     assert "within the seed spread" in b["verdict"]  # 2.04 vs 2.05, spread 0.1
     assert abs(a["final_loss_mean"] - 2.05) < 1e-9 and abs(a["final_loss_spread"] - 0.1) < 1e-9
     assert c["status"] == "partial (1 failed)" and "RuntimeError: x" in c["error"]
-    assert "within the run-to-run noise" in c["verdict"]  # 101 vs 102 with one seed's noise
+    assert "noise unknown: fewer than 10 steady steps" in c["verdict"]  # one seed, 3 steps
     assert "beyond the seed spread" in c["verdict"]
     assert d["status"] == "invalid" and "training.x" in d["verdict"]
 
@@ -118,7 +119,9 @@ def test_sweep_plots(tmp_path):
                      "grad_accum": ga, "memory_measured_gib": None, "memory_predicted_gib": 1.0,
                      "curves": {1: [(1, 3.0), (2, 2.5)]}})  # fmt: skip
     names = make_plots(rows, tmp_path)
-    assert names == ["loss.png", "throughput.png", "memory.png", "tokens_vs_batch.png"]
+    assert names == [
+        "loss.png", "throughput.png", "memory.png", "tokens_vs_batch.png", "memory_vs_batch.png"
+    ]  # fmt: skip
     assert all((tmp_path / n).stat().st_size > 1000 for n in names)
 
 
@@ -245,3 +248,26 @@ def test_header_shows_the_overrides_and_the_values_as_run(tmp_path):
     assert "`metrics.log_freq=1`, `float8.filter_fqns=output,router`" in header
     assert "As run: model debugmodel, seq_len 64, 4 steps, global batch 4/8 sequences" in header
     assert "differs by variant" in header and "0.6B" not in header.split("As run")[1]
+
+
+def test_noise_budget_hit_profile_columns_and_breakdown_plot(tmp_path):
+    tps = [1.0] + [100.0, 104.0] * 6  # 12 steady steps: the interval is min to max, +-2%
+    runs = [make_run(tmp_path, "a", 1, tps, [1.0] * 13)]
+    profile = {"compute_share": 0.6, "collectives_share": 0.3, "exposed_collectives_share": 0.1,
+               "idle_share": 0.3, "gpu_util_pct": None, "method": "CUDA"}  # fmt: skip
+    (tmp_path / "runs/a/seed1/comm_profile.json").write_text(json.dumps(profile))
+    plan(tmp_path, [variant("a", runs)])
+    doc = json.loads((tmp_path / PLAN_FILE).read_text())
+    doc["spec"]["noise_target"] = 0.01
+    (tmp_path / PLAN_FILE).write_text(json.dumps(doc))
+    rows = write_report(tmp_path)
+    a = rows[0]
+    assert abs(a["tps_noise_pct"] - 100 * 2 / 102) < 1e-9 and a["noise_note"] == "budget hit"
+    assert (a["compute_pct"], a["exposed_comm_pct"], a["idle_pct"]) == (60.0, 10.0, 30.0)
+    md = (tmp_path / "report.md").read_text()
+    assert "+-2.0% (budget hit)" in md and "| 60 / 10 / 30 |" in md
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "step_breakdown.png").is_file()
+        from torchtitan_ablate.ablate.plots import step_breakdown
+
+        assert step_breakdown({**a, "data_pct": 5.0}) == [60.0, 10.0, 5.0, 25.0]

@@ -39,6 +39,8 @@ def test_parse_and_run_args(tmp_path):
     assert spec.overrides == {"training.seq_len": 64, "metrics.log_freq": 1}
     args = spec.run_args(spec.variants[1], 2, ["training.seq_len=32"])
     assert args == [
+        "--training.throughput_warmup_steps=1",  # runner-owned, first
+        "--metrics.comm_profile=true",  # profile = true by default: overrides may turn it off
         "--training.steps=4",
         "--training.seq_len=64",
         "--metrics.log_freq=1",

@@ -6,6 +6,7 @@ import torch
 from torchtitan_ablate.components.loss import (
     IGNORE_INDEX,
     chunked_linear_cross_entropy_sum,
+    chunked_loss_head,
     cross_entropy_sum,
 )
 from torchtitan_ablate.models.qwen3 import Qwen3Model, qwen3_flavors
@@ -77,7 +78,7 @@ def test_model_loss_path_matches_logits_path(tied):
     ref.backward()
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    got = model(tokens, labels_BS=labels, loss_chunk_size=10)
+    got = model(tokens, labels_BS=labels, loss_head=chunked_loss_head(10))
     got.backward()
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-6)
     for n, p in model.named_parameters():

@@ -49,7 +49,7 @@ class _OneLayer(nn.Module):
 
 
 def _layer_and_batch(world: int, case: str) -> tuple[MoE, torch.Tensor]:
-    torch.manual_seed(0)
+    torch.manual_seed(3)  # a stream that starves rank 0 at world 2 and 4
     moe = MoE(DIM, HIDDEN, EXPERTS, TOP_K, use_expert_bias=True)
     moe.init_weights(0.02)
     x_BSD = torch.randn(2 * world, SEQ, DIM)

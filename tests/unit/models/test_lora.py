@@ -73,7 +73,7 @@ def test_zero_init_b_then_merge_gives_the_adapted_logits(args, targets):
     fresh = Qwen3Model(args)
     fresh.load_state_dict(merged, strict=True)
     with torch.no_grad():
-        torch.testing.assert_close(fresh(tokens(args)), adapted, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fresh(tokens(args)), adapted, rtol=1e-5, atol=5e-5)
 
 
 def test_expert_grouped_mm_path_equals_the_loop():

@@ -28,10 +28,11 @@ from torchtitan_ablate.components.data.datasets import (
 )
 from torchtitan_ablate.components.data.mixing import MixedDocuments, ShuffledDocuments, Source
 from torchtitan_ablate.components.data.packing import PACKING_MODES, PackedDataset
+from torchtitan_ablate.components.data.preference import PreferenceDataset, PreferencePairs
 from torchtitan_ablate.components.data.sft import SFT_PACKING_MODES, ChatDocuments, SFTDataset
 from torchtitan_ablate.components.tokenizer import Tokenizer
 
-DATASETS = ("synthetic", "text", "chat")
+DATASETS = ("synthetic", "text", "chat", "preference")
 
 logger = logging.getLogger("torchtitan_ablate")
 
@@ -53,24 +54,33 @@ def build_dataloader(
     text_field: str = "text",
     shuffle_buffer: int = 0,
     dataset_weights: list[float] | None = None,
+    max_bad_rows: int = 0,
 ) -> StatefulDataLoader:
     """Build this dp rank's infinite loader. dataset_path: a .txt/.jsonl/.parquet file or folder,
     or (text) a list of them mixed by dataset_weights (empty: equal); chat: .jsonl conversations,
-    see sft.py. shuffle_buffer: documents in the shuffle buffer (0 = read in order)."""
+    see sft.py; preference: .jsonl pairs for DPO, see preference.py (max_bad_rows: rows skipped
+    before the first bad row is an error). shuffle_buffer: documents in the shuffle buffer (0 =
+    read in order)."""
     # The user-facing rules on these values live in config/validation.py (load_config).
-    modes = SFT_PACKING_MODES if dataset == "chat" else PACKING_MODES
+    modes = SFT_PACKING_MODES if dataset in ("chat", "preference") else PACKING_MODES
     assert dataset in DATASETS and packing in modes, (dataset, packing)
     if not 0 <= dp_rank < dp_world_size:
         raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_world_size={dp_world_size})")
     if seq_len < 1 or local_batch_size < 1:
         raise ValueError(f"seq_len={seq_len} and local_batch_size={local_batch_size} must be >= 1")
-    assert dataset != "chat" or data_sharding == "documents", data_sharding
+    assert dataset in ("text", "synthetic") or data_sharding == "documents", data_sharding
     assert dataset == "text" or not isinstance(dataset_path, list), dataset_path
     source: Source
     if dataset == "chat":  # SFT: assistant-only labels, conversations kept whole
         chats = ChatDocuments(list_text_files(dataset_path, dataset), tokenizer, seq_len)
         _check_up_front(chats)
         source = chats
+    elif dataset == "preference":  # DPO: (chosen, rejected) pairs, response-only labels
+        pairs = PreferencePairs(
+            list_text_files(dataset_path, dataset), tokenizer, seq_len, max_bad_rows
+        )
+        _check_up_front(pairs)
+        source = pairs
     elif dataset == "synthetic":
         source = SyntheticDocuments(tokenizer.vocab_size, seq_len, seed)
     elif isinstance(dataset_path, list):
@@ -82,6 +92,8 @@ def build_dataloader(
         source = ShuffledDocuments(source, shuffle_buffer, seed)
     if dataset == "chat":
         rows = SFTDataset(source, seq_len, packing, tokenizer.pad_id, dp_rank, dp_world_size)
+    elif dataset == "preference":
+        rows = PreferenceDataset(source, seq_len, packing, tokenizer.pad_id, dp_rank, dp_world_size)
     else:
         rows = PackedDataset(
             source,

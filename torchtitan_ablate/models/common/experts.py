@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchtitan_ablate.models.common.init import trunc_normal_
+from torchtitan_ablate.models.common.init import ParamInit, init_for
 from torchtitan_ablate.models.common.permute import (
     gather_rows,
     inverse_permutation,
@@ -83,10 +83,12 @@ class GroupedExperts(nn.Module):
             return _grouped_mm_experts(self.w1, self.w2, self.w3, x_RD, num_tokens_per_expert_E)
         return _loop_experts(self.w1, self.w2, self.w3, x_RD, num_tokens_per_expert_E)
 
-    def init_weights(self, init_std: float) -> None:
-        trunc_normal_(self.w1, 0.02)
-        trunc_normal_(self.w2, init_std)
-        trunc_normal_(self.w3, init_std)
+    def init_weights(self, init_std: float, init: ParamInit | None = None) -> None:
+        # Expert parallel's shards too: `init` draws each global tensor and keeps this rank's.
+        init = init_for(self, init)
+        init.trunc_normal_(self.w1, 0.02)
+        init.trunc_normal_(self.w2, init_std)
+        init.trunc_normal_(self.w3, init_std)
 
 
 class CountReader:

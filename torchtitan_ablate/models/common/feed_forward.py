@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchtitan_ablate.models.common.init import trunc_normal_
+from torchtitan_ablate.models.common.init import ParamInit, init_for
 
 
 class FeedForward(nn.Module):
@@ -20,8 +20,9 @@ class FeedForward(nn.Module):
     def forward(self, x_D: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x_D)) * self.w3(x_D))
 
-    def init_weights(self, init_std: float) -> None:
+    def init_weights(self, init_std: float, init: ParamInit | None = None) -> None:
         # torchtitan: the gate keeps 0.02; up and down get the depth-scaled std.
-        trunc_normal_(self.w1.weight, 0.02)
+        init = init_for(self, init)
+        init.trunc_normal_(self.w1.weight, 0.02)
         for linear in (self.w2, self.w3):
-            trunc_normal_(linear.weight, init_std)
+            init.trunc_normal_(linear.weight, init_std)

@@ -12,20 +12,22 @@ what is left. Base weights get requires_grad = False: no gradients, no optimizer
 
 Forward: y = x W^T + (alpha / r) * dropout(x) A^T B^T (the adapter runs on activations; the
 frozen weight is never copied or merged). B starts at zero, so step 0 equals the base model.
-`init_lora_weights` fills A from a generator seeded by (torch seed, FQN): the same values on
-every layout. `merge_lora_state_dict` folds the adapters into the base weights for export.
+`init_lora_weights` fills A through models/common/init.py (a generator seeded by the seed and
+the canonical name): the same values in every layout. `merge_lora_state_dict` folds the
+adapters into the base weights for export.
 
 Shape legend: E experts, I expert hidden dim, D model dim, R routed rows, r adapter rank.
 """
 
-import hashlib
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 
 from torchtitan_ablate.config.job_config import LORA_TARGETS
 from torchtitan_ablate.distributed.expert_parallel import ExpertParallelExperts
@@ -35,6 +37,7 @@ from torchtitan_ablate.models.common.experts import (
     pad_by_expert,
     use_grouped_mm,
 )
+from torchtitan_ablate.models.common.init import ParamInit, init_for
 from torchtitan_ablate.models.common.permute import gather_rows
 
 logger = logging.getLogger("torchtitan_ablate")
@@ -105,6 +108,23 @@ def apply_lora(
     return n_lora
 
 
+@contextmanager
+def adapters_off(model: nn.Module) -> Iterator[None]:
+    """Inside, `model` computes its base weights alone (DPO's reference pass): every adapter's
+    scale is 0, so its update is multiplied away, exactly (the adapters' own FLOPs, about r / in
+    of the base's, are still spent). Restored on exit. No second copy of the weights."""
+    kinds = (LoRALinear, LoRAGroupedExperts, LoRAExpertParallelExperts)
+    adapted = [m for m in model.modules() if isinstance(m, kinds)]
+    scales = [m.scale for m in adapted]
+    for m in adapted:
+        m.scale = 0.0
+    try:
+        yield
+    finally:
+        for m, scale in zip(adapted, scales):
+            m.scale = scale
+
+
 def lora_parameter_count(
     shapes: list[tuple[int, ...]], rank: int, expert_shapes: list[tuple[int, int, int]] = ()
 ) -> int:
@@ -115,26 +135,16 @@ def lora_parameter_count(
 
 
 @torch.no_grad()
-def init_lora_weights(model: nn.Module) -> None:
-    """A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT's kaiming default), B = 0, from a generator seeded
-    by (torch.initial_seed(), FQN): the full tensor is drawn on every rank and each keeps its
-    part, so FSDP / EP layouts start from exactly the one-process adapters."""
-    base_seed = torch.initial_seed()
+def init_lora_weights(model: nn.Module, init: ParamInit | None = None) -> None:
+    """A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT's kaiming default), B = 0. `init` (the build path's,
+    default: torch's seed) draws each A whole from its name's generator and keeps this rank's
+    part, so every layout starts from exactly the one-process adapters."""
+    init = init_for(model, init)
     for name, p in model.named_parameters():
-        if not _is_lora(name):
-            continue
         if ".lora_b" in name:
             p.zero_()
-            continue
-        seed_bytes = hashlib.blake2b(f"{base_seed}/{name}".encode(), digest_size=8).digest()
-        gen = torch.Generator().manual_seed(int.from_bytes(seed_bytes, "little") >> 1)
-        bound = 1.0 / math.sqrt(p.shape[-1])
-        full = torch.empty(p.shape, dtype=torch.float32).uniform_(-bound, bound, generator=gen)
-        if isinstance(p, DTensor):
-            part = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None)
-            p.to_local().copy_(part.to_local())
-        else:
-            p.copy_(full)
+        elif ".lora_a" in name:
+            init.uniform_(p, 1.0 / math.sqrt(p.shape[-1]))
 
 
 def merge_lora_state_dict(sd: dict[str, torch.Tensor], alpha: float) -> dict[str, torch.Tensor]:

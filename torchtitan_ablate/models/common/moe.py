@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchtitan_ablate.models.common.experts import GroupedExperts
-from torchtitan_ablate.models.common.init import trunc_normal_
+from torchtitan_ablate.models.common.init import ParamInit, init_for
 
 
 class TopKRouter(nn.Module):
@@ -134,9 +134,10 @@ class MoE(nn.Module):
     def reset_expert_load(self) -> None:
         self.tokens_per_expert.zero_()
 
-    def init_weights(self, init_std: float) -> None:
-        trunc_normal_(self.router.gate.weight, 0.02)
-        self.experts.init_weights(init_std)
+    def init_weights(self, init_std: float, init: ParamInit | None = None) -> None:
+        init = init_for(self, init)
+        init.trunc_normal_(self.router.gate.weight, 0.02)
+        self.experts.init_weights(init_std, init)
         self.tokens_per_expert.zero_()
         if self.expert_bias is not None:
             self.expert_bias.zero_()

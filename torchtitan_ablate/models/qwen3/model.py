@@ -6,13 +6,14 @@ Shape legend: B batch, S sequence, D model dim, H query heads, J kv heads, K hea
 import torch
 from torch import nn
 
+from torchtitan_ablate.components.loss import LossHead
 from torchtitan_ablate.models.common.attention import (
     AttentionMask,
     attention,
     build_attention_mask,
 )
 from torchtitan_ablate.models.common.feed_forward import FeedForward
-from torchtitan_ablate.models.common.init import trunc_normal_
+from torchtitan_ablate.models.common.init import ParamInit, init_for
 from torchtitan_ablate.models.common.moe import MoE
 from torchtitan_ablate.models.common.norms import RMSNorm
 from torchtitan_ablate.models.common.output_head import OutputHead
@@ -45,10 +46,11 @@ class Attention(nn.Module):
         out_BSHK = self.attention_fn(q_BSHK, k_BSJK, v_BSJK, mask)
         return self.wo(out_BSHK.flatten(-2))
 
-    def init_weights(self, init_std: float) -> None:
+    def init_weights(self, init_std: float, init: ParamInit | None = None) -> None:
+        init = init_for(self, init)
         for linear in (self.wq, self.wk, self.wv):
-            trunc_normal_(linear.weight, 0.02)
-        trunc_normal_(self.wo.weight, init_std)
+            init.trunc_normal_(linear.weight, 0.02)
+        init.trunc_normal_(self.wo.weight, init_std)
         self.q_norm.reset_parameters()
         self.k_norm.reset_parameters()
 
@@ -84,12 +86,13 @@ class TransformerBlock(nn.Module):
         mlp = self.moe if self.moe is not None else self.feed_forward
         return h_BSD + mlp(self.ffn_norm(h_BSD))
 
-    def init_weights(self) -> None:
+    def init_weights(self, init: ParamInit | None = None) -> None:
+        init = init_for(self, init)
         self.attention_norm.reset_parameters()
         self.ffn_norm.reset_parameters()
-        self.attention.init_weights(self.init_std)
+        self.attention.init_weights(self.init_std, init)
         mlp = self.moe if self.moe is not None else self.feed_forward
-        mlp.init_weights(self.init_std)
+        mlp.init_weights(self.init_std, init)
 
 
 class Qwen3Model(nn.Module):
@@ -114,8 +117,12 @@ class Qwen3Model(nn.Module):
         self.build_mask = build_attention_mask
 
     @torch.no_grad()
-    def init_weights(self, buffer_device: torch.device | None = None) -> None:
-        """Fill every parameter and buffer; deterministic given the torch seed.
+    def init_weights(
+        self, buffer_device: torch.device | None = None, init: ParamInit | None = None
+    ) -> None:
+        """Fill every parameter and buffer. Each weight is drawn by `init` from a generator
+        seeded by (seed, its name), so its value is the same in every layout (models/common/
+        init.py); default: torch's seed, on the device of the weights.
 
         1. RoPE tables on buffer_device (default: where the buffers live).
         2. Embedding N(0, 0.02); with tied embeddings it is also the output projection.
@@ -128,9 +135,10 @@ class Qwen3Model(nn.Module):
             self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device
         )
         self.rope_cos, self.rope_sin = cos_SK, sin_SK
-        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=0.02)
+        init = init_for(self, init)
+        init.normal_(self.tok_embeddings.weight, 0.02)
         for block in self.layers.values():
-            block.init_weights()
+            block.init_weights(init)
         self.norm.reset_parameters()
         if self.args.tie_embeddings:
             # Re-tie only if something split them (to_empty keeps the shared Parameter); a
@@ -138,7 +146,7 @@ class Qwen3Model(nn.Module):
             if self.output.weight is not self.tok_embeddings.weight:
                 self.output.weight = self.tok_embeddings.weight
         else:
-            trunc_normal_(self.output.weight, self.args.dim**-0.5)
+            init.trunc_normal_(self.output.weight, self.args.dim**-0.5)
 
     def forward_hidden(
         self,
@@ -165,18 +173,17 @@ class Qwen3Model(nn.Module):
         positions_BS: torch.Tensor | None = None,
         document_ids_BS: torch.Tensor | None = None,
         labels_BS: torch.Tensor | None = None,
-        loss_chunk_size: int = 0,
-        compiled_loss: bool = False,
+        loss_head: LossHead | None = None,
     ) -> torch.Tensor:
         """Logits [B, S, V]. document_ids_BS: attend only within a document (packed rows);
         positions_BS then restart per document (the data loader supplies them).
-        With labels_BS: instead the float32 cross-entropy sum over labels != -100, computed
-        loss_chunk_size tokens at a time without the whole batch's logits (compiled_loss:
-        each chunk's loss and gradient as one compiled kernel)."""
+        With labels_BS and loss_head (build_loss_fn's, components/loss.py): instead the float32
+        cross-entropy sum over labels != -100, from the final hidden states and the output
+        weight, without the whole batch's logits."""
         h_BSD = self.forward_hidden(tokens_BS, positions_BS, document_ids_BS)
         if labels_BS is None:
             return self.output(h_BSD)
-        return self.output(h_BSD, labels_BS, loss_chunk_size, compiled_loss)
+        return self.output(h_BSD, labels_BS, loss_head)
 
     # ---- MoE hooks for the trainer and metrics ---------------------------------------------------
 

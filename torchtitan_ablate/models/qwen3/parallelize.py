@@ -21,7 +21,7 @@ import torch.nn as nn
 from torchtitan_ablate.config import ConfigError
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.distributed.activation_checkpoint import apply_ac
-from torchtitan_ablate.distributed.compile import apply_compile
+from torchtitan_ablate.distributed.compile import INDUCTOR, CompileBackend, apply_compile
 from torchtitan_ablate.distributed.context_parallel import apply_cp
 from torchtitan_ablate.distributed.expert_parallel import apply_ep
 from torchtitan_ablate.distributed.float8 import apply_float8
@@ -79,10 +79,17 @@ def check_fsdp_knobs(job_config: JobConfig, device_type: str, use_fsdp: bool) ->
 
 
 def parallelize_qwen3(
-    model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig, device_type: str
+    model: nn.Module,
+    parallel_dims: ParallelDims,
+    job_config: JobConfig,
+    device_type: str,
+    compile_backend: CompileBackend = INDUCTOR,
 ) -> AccumulationPlan | None:
     """Applies the techniques in place; returns FSDP's plan for the micro-batches of a step
-    (None without FSDP), which the train step hands to `before_micro_batch`."""
+    (None without FSDP), which the train step hands to `before_micro_batch`.
+
+    compile_backend: torch.compile's backend for the blocks (the memory estimator's models
+    Inductor on fake tensors)."""
     pd = parallel_dims
     dtype = param_dtype(job_config, device_type)
     # FSDP2 also on one GPU: its MixedPrecisionPolicy gives bf16 compute over fp32 weights.
@@ -114,7 +121,7 @@ def parallelize_qwen3(
 
     if job_config.compile.enable and "model" in job_config.compile.components:
         # MoE blocks read token counts on the host in the CPU expert loop: allow graph breaks.
-        apply_compile(model, fullgraph=not model.args.num_experts)
+        apply_compile(model, fullgraph=not model.args.num_experts, backend=compile_backend)
         logger.info("torch.compile per transformer block")
 
     plan = None
