@@ -49,6 +49,7 @@ def hf_dirs(tmp_path_factory) -> dict[str, Path]:
 
 LAYOUTS = {  # name: (model, world size, extra args)
     "fsdp2": ("dense", 2, []),
+    "hsdp2x1": ("dense", 2, [P + "data_parallel_replicate_degree", "2"]),
     "cp2": ("dense", 2, [P + "context_parallel_degree", "2"]),
     "ep2_lora": ("moe", 2, [P + "expert_parallel_degree", "2", *LORA]),
 }

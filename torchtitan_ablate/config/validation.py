@@ -116,6 +116,12 @@ def _check_training(t: Training, checkpoint: Checkpoint) -> None:
         f"training.loss_impl = {t.loss_impl!r} needs CUDA (a Triton kernel) and training.device "
         "= 'cpu'; use loss_impl = 'chunked' or 'plain' on CPU",
     )
+    _require(
+        t.loss_impl != "cce" or t.mixed_precision_param == "bfloat16",
+        "training.loss_impl = 'cce' trains bf16 hidden states only (its backward) and "
+        "training.mixed_precision_param = 'float32': set it to 'bfloat16' or use "
+        "loss_impl = 'liger' or 'chunked'",
+    )
     _at_least("training.throughput_warmup_steps", t.throughput_warmup_steps, 0)
     _require(
         0 <= t.throughput_noise_target < 1,

@@ -66,6 +66,10 @@ def test_each_builtin_impl_gives_the_plain_loss(args):
         (["--training.loss_impl", "chunked", "--training.loss_chunk_size", "0"], "chunk_size > 0"),
         (["--training.loss_impl", "cce", "--training.device", "cpu"], "needs CUDA"),
         (["--training.loss_impl", "fused"], "training.loss_impl"),
+        (
+            ["--training.loss_impl", "cce", "--training.mixed_precision_param", "float32"],
+            "trains bf16 hidden states only",
+        ),
         (["--training.throughput_noise_target", "2"], "throughput_noise_target"),
     ],
 )  # fmt: skip
