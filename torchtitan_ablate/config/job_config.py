@@ -7,6 +7,7 @@ reference text (`scripts/config_reference.py` turns them into docs/config_refere
 from dataclasses import dataclass, field
 from typing import Literal
 
+from torchtitan_ablate.config.checkpoint_config import Checkpoint, Comm
 from torchtitan_ablate.config.dpo_config import DPO
 from torchtitan_ablate.config.measure_config import (
     MemoryEstimation,
@@ -294,51 +295,6 @@ class Float8:
 
     moe: bool = False
     """Also run routed experts in float8 through torchao's grouped-GEMM path."""
-
-
-@dataclass
-class Checkpoint:
-    enable: bool = False
-    """Save DCP checkpoints and resume from the latest one."""
-
-    folder: str = "checkpoint"
-    """Checkpoint folder, relative to job.dump_folder."""
-
-    interval: int = 500
-    """Save every this many steps (and at the last step)."""
-
-    keep_latest_k: int = 3
-    """Keep this many checkpoints, the one just saved included (0 = all); older steps are
-    deleted after each save."""
-
-    load_step: int = -1
-    """Step to resume from; -1 = the latest complete one. Resuming an older step moves the newer
-    ones into <checkpoint folder>/abandoned/<time>/ (never deleted, never loaded again)."""
-
-    initial_load_path: str | None = None
-    """Weights to start from when the folder has no checkpoint yet (a DCP folder, or an HF
-    folder with config.json and *.safetensors when initial_load_format = "hf")."""
-
-    initial_load_format: Literal["dcp", "hf"] = "dcp"
-    """Format of initial_load_path: dcp (model-only or full DCP checkpoint) or hf (Hugging Face
-    Qwen3 / Qwen3-MoE safetensors, read shard by shard straight into the sharded model)."""
-
-    create_seed_checkpoint: bool = False
-    """Build the model in one process (NGPU=1, degrees 1; needs enable = true), write its initial
-    weights to <folder>/step-0 and exit; every layout then starts from them through
-    initial_load_path (or by resuming in this dump folder)."""
-
-
-@dataclass
-class Comm:
-    init_timeout_seconds: int = 300
-    """Seconds a rank waits in a collective before it fails, until the first step is done
-    (start-up, model build, checkpoint load and the first, maybe compiled, step)."""
-
-    train_timeout_seconds: int = 100
-    """Seconds a rank waits in a collective after the first step before it fails with one line
-    (a stalled or dead rank). Raise it when one rank may lag that long, e.g. rank 0 pruning old
-    checkpoints on a slow disk while the others wait."""
 
 
 # lora.target_modules: HF projection name -> the module it adapts inside a transformer block
