@@ -176,7 +176,7 @@ class Trainer:
             init_reference(self.model, self.run.reference)
         last = config.training.steps
         self.metrics.open(resumed_step=self.step, last_step=last)
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         gc.disable()
         data_iter = iter(self.dataloader)
         records = []
@@ -231,6 +231,8 @@ class Trainer:
                 logger.info(f"stopping at step {self.step} ({why}; {what})")
                 break
         gc.enable()
+        # A process that goes on (tests, notebooks) gets its own SIGTERM behaviour back.
+        signal.signal(signal.SIGTERM, previous_handler)
         self.comm_profiler.close()
         self.trace_profiler.close()
         self.metrics.close()
