@@ -7,10 +7,10 @@ case "${1:-}" in
     cat <<'USAGE'
 usage: scripts/validate_estimator_gpu.sh OUT_DIR [NGPU [INDICES]]
 
-Qwen3 shapes with 4 blocks, seq 2048. Without NGPU (or NGPU=1): 10 one-GPU configs, measured
+Qwen3 shapes with 4 blocks, seq 2048. Without NGPU (or NGPU=1): 11 one-GPU configs, measured
 in this process, in this order (0.6B, compiled blocks and chunked loss unless said):
   1 as shipped   2 eager   3 plain loss   4 plain loss, eager   5 AC full   6 AC selective op
-  7 padding   8 float8   9 LoRA   10 1.7B
+  7 padding   8 float8   9 LoRA   10 1.7B   11 the shipped 0.6B recipe as it is
 With NGPU=N >= 2: 8 configs on N GPUs, in this order:
   1 EP N (MoE debug shapes of 30B-A3B), compiled   2 EP N, eager
   3 N >= 4: HSDP 2 x N/2                           4 N >= 4: CP 2 x FSDP N/2, compiled
@@ -45,6 +45,7 @@ if [ "$N" -eq 1 ]; then
     "$Z --float8.enable true"
     "$Z --lora.enable true"
     "$Y"
+    "train_configs/qwen3_0.6b.toml"  # the shipped recipe whole: 28 blocks, batch 8 x 4096
   )
 else
   M="train_configs/qwen3_moe_ep4.toml --model.n_layers 4 --training.seq_len 2048 --training.local_batch_size 2"
