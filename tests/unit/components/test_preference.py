@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.loader_checks import assert_resumes_exactly
 from torchtitan_ablate.components.data import IGNORE_INDEX, build_dataloader
 from torchtitan_ablate.components.data.preference import PairRenderer
 from torchtitan_ablate.components.data.sft import ChatRenderer
@@ -115,16 +116,4 @@ def test_bad_rows_are_one_error_with_the_line_or_skipped_and_counted(tok, tmp_pa
 
 @pytest.mark.parametrize("packing", ["greedy", "padding"])
 def test_resume_is_exact(tok, packing):
-    ref_loader = loader(tok, DATA, packing)
-    ref = iter(ref_loader)
-    for _ in range(3):
-        next(ref)
-    state = ref_loader.state_dict()
-    expected = [next(ref) for _ in range(3)]
-    resumed_loader = loader(tok, DATA, packing)
-    resumed_loader.load_state_dict(state)
-    resumed = iter(resumed_loader)
-    for want in expected:
-        got = next(resumed)
-        for k in want:
-            assert torch.equal(got[k], want[k]), k
+    assert_resumes_exactly(lambda: loader(tok, DATA, packing), skip=3, check=3)

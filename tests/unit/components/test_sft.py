@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.loader_checks import assert_resumes_exactly
 from torchtitan_ablate.components.data import IGNORE_INDEX, build_dataloader
 from torchtitan_ablate.components.data.sft import ChatRenderer, special_token_id
 from torchtitan_ablate.components.tokenizer import build_tokenizer
@@ -88,19 +89,7 @@ def test_best_fit_pads_no_more_than_greedy(tok):
 
 @pytest.mark.parametrize("packing", ["greedy", "best_fit"])
 def test_resume_is_exact(tok, packing):
-    ref_loader = loader(tok, packing)
-    ref = iter(ref_loader)
-    for _ in range(3):
-        next(ref)
-    state = ref_loader.state_dict()
-    expected = [next(ref) for _ in range(4)]
-    resumed_loader = loader(tok, packing)
-    resumed_loader.load_state_dict(state)
-    resumed = iter(resumed_loader)
-    for want in expected:
-        got = next(resumed)
-        for k in want:
-            assert torch.equal(got[k], want[k]), k
+    assert_resumes_exactly(lambda: loader(tok, packing), skip=3, check=4)
 
 
 def test_dp_ranks_read_disjoint_conversations(tok):
