@@ -89,7 +89,9 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
         grad_N = grad_BS.flatten()
         want_w = ctx.needs_input_grad[1]  # False under LoRA: the output head is frozen
         grad_h_ND = torch.empty_like(h_ND)
-        grad_w_VD = torch.zeros(weight_VD.shape, dtype=torch.float32, device=h_ND.device)
+        grad_w_VD = None  # fp32 [V, D]: only where the head trains (not under LoRA)
+        if want_w:
+            grad_w_VD = torch.zeros(weight_VD.shape, dtype=torch.float32, device=h_ND.device)
         for start in range(0, h_ND.shape[0], ctx.chunk_size):
             end = start + ctx.chunk_size
             h_nD, labels_n = h_ND[start:end], labels_N[start:end]
