@@ -1,7 +1,8 @@
 """Throughput benchmark: N timed training steps after warm-up, one table row per model.
 
     python scripts/bench.py --job.config_file train_configs/qwen3_0.6b.toml [--section.key v ...]
-        [--steps 10] [--warmup 3] [--peer hf] [--peer-compile] [--peer-bf16-weights] [--profile]
+        [--steps 10] [--warmup 3] [--peer hf] [--peer-compile] [--peer-bf16-weights]
+        [--profile [--trace FILE]]
 
 Times the engine's own train step (same build path as training) and, with --peer hf,
 Hugging Face transformers' model of the same shape in the same process and the same way
@@ -13,14 +14,17 @@ Results also go to <job.dump_folder>/bench.json. Several GPUs (expert / data par
 --profile: after timing, profiles 2 engine steps and prints the GPU time by kernel class
 (matmul, attention, elementwise/fused, copies, optimizer, collectives), the top kernels, and the
 share of the window the GPU sat idle (host-bound time), the operators by own GPU time, and
-where host syncs come from.
+where host syncs come from; --trace FILE[.gz] also writes the profiled steps' chrome trace
+(rank 0).
 """
 
 import argparse
 import gc
+import gzip
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -70,7 +74,7 @@ def _time_steps(step_fn, batches, warmup: int, steps: int, device: torch.device)
 
 
 def bench_engine(
-    config: JobConfig, warmup: int, steps: int, profile_: bool = False
+    config: JobConfig, warmup: int, steps: int, profile_: bool = False, trace: str | None = None
 ) -> tuple[dict, list, Qwen3ModelArgs]:
     """Timed (and optionally profiled) steps of the engine; the result row, the micro-batches
     and the model sizes of the run."""
@@ -87,7 +91,7 @@ def bench_engine(
 
     result = _time_steps(step_fn, batches, warmup, steps, device)
     if profile_:
-        result["profile"] = profile_engine(step_fn, batches, device)
+        result["profile"] = profile_engine(step_fn, batches, device, trace=trace)
     tokens = sum(b["input_ids"].numel() for b in batches[0])
     result.update(name="torchtitan_ablate", tokens_per_step=tokens)
     return result, batches, layout.model_args
@@ -114,8 +118,11 @@ def _kernel_class(name: str) -> str:
     return "other elementwise"
 
 
-def profile_engine(step_fn, batches, device: torch.device, top: int = 20) -> dict:
-    """GPU time by kernel class over 2 steps, and the idle share of the window."""
+def profile_engine(
+    step_fn, batches, device: torch.device, top: int = 20, trace: str | None = None
+) -> dict:
+    """GPU time by kernel class over 2 steps, and the idle share of the window; `trace`: rank 0
+    also writes the two steps' chrome trace there (gzipped when it ends in .gz)."""
     _sync(device)
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -123,6 +130,8 @@ def profile_engine(step_fn, batches, device: torch.device, top: int = 20) -> dic
             step_fn(batches[i % len(batches)])
         _sync(device)
     wall_us = (time.perf_counter() - start) * 1e6
+    if trace and int(os.environ.get("RANK", 0)) == 0:
+        _write_trace(prof, trace)
     per_kernel: dict[str, float] = {}
     comm, compute = [], []
     for e in prof.events():
@@ -170,6 +179,16 @@ def profile_engine(step_fn, batches, device: torch.device, top: int = 20) -> dic
         "exposed_collectives_ms_per_step": exposed / 2e3,
         "ms_per_step_by_class": {k: v / 2e3 for k, v in by_class.items()},
     }
+
+
+def _write_trace(prof, path: str) -> None:
+    raw = path[: -len(".gz")] if path.endswith(".gz") else path
+    prof.export_chrome_trace(raw)
+    if raw != path:
+        with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(raw)
+    print(f"trace: {path}")
 
 
 def _print_sync_sites(step_fn, batch) -> None:
@@ -262,9 +281,14 @@ def main(argv: list[str]) -> list[dict]:
         "--peer-bf16-weights", action="store_true", help="peer in pure bf16 (see bench_hf)"
     )
     parser.add_argument("--profile", action="store_true", help="kernel-class breakdown")
+    parser.add_argument(
+        "--trace", default=None, help="with --profile: rank 0 writes the chrome trace here (.gz ok)"
+    )
     args, rest = parser.parse_known_args(argv)
     if args.steps < 1:
         parser.error(f"--steps {args.steps}: timed steps, at least 1")
+    if args.trace and not args.profile:
+        parser.error("--trace writes the profiled steps' trace: add --profile")
     if args.warmup < 0:
         parser.error(f"--warmup {args.warmup}: warm-up steps, 0 or more")
     # Checked before the engine's benchmark, which would otherwise run only to fail afterwards.
@@ -275,7 +299,9 @@ def main(argv: list[str]) -> list[dict]:
         sys.stdout = open(os.devnull, "w")
     with exit_on_config_error():
         config = load_config(rest)
-        engine, batches, model_args = bench_engine(config, args.warmup, args.steps, args.profile)
+        engine, batches, model_args = bench_engine(
+            config, args.warmup, args.steps, args.profile, args.trace
+        )
     device = batches[0][0]["input_ids"].device
     world_size = torch.distributed.get_world_size()
     flops = model_args.num_flops_per_token(config.training.seq_len)
