@@ -43,7 +43,14 @@ def context_gib(world_size: int) -> float:
 def _fused_attention(
     q_BHLK: torch.Tensor, k_BJSK: torch.Tensor, v_BJSK: torch.Tensor, mask: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    out_BHLK = q_BHLK.new_empty(q_BHLK.shape[:-1] + (v_BJSK.shape[-1],))
+    # The real kernels (flex, flash, cuDNN) write out in the query's memory layout: the model's
+    # [B, S, H, K] projection viewed as [B, H, S, K]. Then out's transpose back to [B, S, H * K]
+    # for the output projection is a view; a [B, H, S, K]-contiguous out would make it a copy,
+    # saved for backward beside out (one [tokens, H * K] tensor per layer too many).
+    physical = sorted(range(q_BHLK.dim()), key=lambda d: -q_BHLK.stride(d))
+    out_BHLK = torch.empty_permuted(
+        q_BHLK.shape[:-1] + (v_BJSK.shape[-1],), physical, dtype=q_BHLK.dtype, device=q_BHLK.device
+    )
     lse_BHL = q_BHLK.new_empty(q_BHLK.shape[:-1], dtype=torch.float32)
     # The additive bias SDPA makes of a dense mask for cuDNN / efficient attention (empty else).
     shape = mask.shape if mask is not None else (0,)
