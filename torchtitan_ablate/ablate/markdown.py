@@ -136,9 +136,9 @@ def render(plan: dict, rows: list[dict], plots: list[str], out: Path, noise: str
         "",
         "Noise: " + noise,
         "",
-        "Predicted GiB is the memory estimator's peak for the eager program (estimation.py); "
-        "where compile.enable is on, the measured peak is lower because the compiled blocks "
-        "save fewer intermediates.",
+        "Predicted GiB is the memory estimator's peak (estimation.py) for the program the run "
+        "executes, compiled blocks included (docs/memory_estimation.md); measured is rank 0's "
+        "active peak (the one the estimate models).",
         "",
     ]
     failed = [r for r in rows if r["error"]]

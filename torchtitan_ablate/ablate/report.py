@@ -234,9 +234,9 @@ def compare(row: dict, base: dict) -> None:
             break
     else:
         parts.append("peak memory not measured or predicted")
-    delta = row["final_loss_mean"] - base["final_loss_mean"]
-    spreads = [s for s in (row["final_loss_spread"], base["final_loss_spread"]) if s is not None]
-    loss = f"final loss {row['final_loss_mean']:.4f} vs {base['final_loss_mean']:.4f} ({delta:+.4f}"
+    (mine, base_loss), spreads, what = _losses_to_compare(row, base)
+    delta = mine - base_loss
+    loss = f"{what} {mine:.4f} vs {base_loss:.4f} ({delta:+.4f}"
     if spreads:
         within = "within" if abs(delta) <= max(spreads) else "beyond"
         parts.append(f"{loss}, {within} the seed spread {max(spreads):.4f})")
@@ -246,6 +246,28 @@ def compare(row: dict, base: dict) -> None:
         val, base_val = row["validation_loss_mean"], base["validation_loss_mean"]
         parts.append(f"validation loss {val:.4f} vs {base_val:.4f} ({val - base_val:+.4f})")
     row["verdict"] = f"{name} vs {base['variant']}: " + "; ".join(parts)
+
+
+def _losses_to_compare(row: dict, base: dict) -> tuple[tuple[float, float], list[float], str]:
+    """(row's, base's) mean loss, their seed spreads and what they are: the final losses, or,
+    where runs stopped at different steps (noise_target stops a run early), the losses at the
+    last step every run of both variants reached: losses of different steps do not compare."""
+    runs = [c for r in (row, base) for c in (r.get("curves") or {}).values() if c]
+    ends = {c[-1][0] for c in runs}
+    if len(ends) <= 1:
+        spreads = [
+            r["final_loss_spread"] for r in (row, base) if r["final_loss_spread"] is not None
+        ]
+        return (row["final_loss_mean"], base["final_loss_mean"]), spreads, "final loss"
+    step = min(ends)
+    means, spreads = [], []
+    for r in (row, base):
+        # The last logged loss at or before `step` (log_freq may skip it).
+        at = [[loss for s, loss in c if s <= step][-1] for c in r["curves"].values() if c]
+        means.append(statistics.fmean(at))
+        if len(at) >= 2:
+            spreads.append(max(at) - min(at))
+    return (means[0], means[1]), spreads, f"loss at step {step} (where the shorter run stopped)"
 
 
 def read_plan(out: Path) -> dict:

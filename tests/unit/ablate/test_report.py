@@ -271,3 +271,26 @@ def test_noise_budget_hit_profile_columns_and_breakdown_plot(tmp_path):
         from torchtitan_ablate.ablate.plots import step_breakdown
 
         assert step_breakdown({**a, "data_pct": 5.0}) == [60.0, 10.0, 5.0, 25.0]
+
+
+def test_runs_stopped_at_different_steps_compare_losses_at_the_common_step(tmp_path):
+    # A noise target stops a run early: its last loss is from an earlier step than the
+    # baseline's, so the verdict compares both at the step the shorter run reached.
+    a = [make_run(tmp_path, "a", 1, [10] * 6, [6.0, 5.0, 4.0, 3.0, 2.0, 1.0])]
+    b = [make_run(tmp_path, "b", 1, [10] * 3, [6.0, 5.0, 4.5])]  # stopped at step 3
+    plan(tmp_path, [variant("a", a), variant("b", b)])
+    write_report(tmp_path)
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert rows[1]["final_loss_mean"] == 4.5  # the table keeps each run's own last loss
+    assert (
+        "loss at step 3 (where the shorter run stopped) 4.5000 vs 4.0000 (+0.5000"
+        in (rows[1]["verdict"])
+    )
+    # Runs of one length: the final losses, as before.
+    c = tmp_path / "same"
+    c.mkdir()
+    runs = [make_run(c, n, 1, [10] * 3, [6.0, 5.0, x]) for n, x in (("a", 4.0), ("b", 4.5))]
+    plan(c, [variant("a", [runs[0]]), variant("b", [runs[1]])])
+    write_report(c)
+    rows = json.loads((c / "results.json").read_text())["rows"]
+    assert "final loss 4.5000 vs 4.0000 (+0.5000; one seed" in rows[1]["verdict"]
