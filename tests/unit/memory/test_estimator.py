@@ -175,3 +175,19 @@ def test_shipped_tomls_estimate(toml):
     config = _config(["--job.config_file", toml, "--model.n_layers", "4"], world_size)
     est = estimate(config)
     assert est["peak_gib"] > 0 and est["world_size"] == world_size
+
+
+def test_attention_stand_in_writes_out_in_the_query_layout():
+    # Flex, flash and cuDNN write out in q's memory layout: the model's [B, S, H, K] projection
+    # viewed as [B, H, S, K]. The stand-in must too, or the transpose back for the output
+    # projection becomes a copy saved for backward (+6.4% on the 0.6B recipe, 28 blocks).
+    import torch
+
+    from torchtitan_ablate.memory.cuda_model import _fused_attention
+
+    q_BHSK = torch.empty(2, 16, 8, 4).transpose(1, 2)  # [B, S, H, K] storage
+    kv_BJSK = torch.empty(2, 16, 2, 4).transpose(1, 2)
+    out_BHSK, lse_BHS, _ = _fused_attention(q_BHSK, kv_BJSK, kv_BJSK, None)
+    assert out_BHSK.shape == (2, 8, 16, 4) and lse_BHS.shape == (2, 8, 16)
+    assert out_BHSK.stride() == q_BHSK.stride()
+    assert out_BHSK.transpose(1, 2).is_contiguous()  # reshape to [B, S, H * K] is a view
