@@ -10,7 +10,6 @@ import pytest
 
 from torchtitan_ablate.config import ConfigError, load_config
 from torchtitan_ablate.memory import estimate, estimate_main
-from torchtitan_ablate.memory.validate import measure_cpu
 
 from .checks import assert_estimate_matches_ranks
 
@@ -146,8 +145,7 @@ def test_unsupported_option_is_a_config_error():
 def test_estimate_matches_real_cpu_ranks(base, extra):
     config = _config(base, 2, *extra)
     predicted = estimate(config, target="cpu")["peak_bytes"]
-    measured = [peak for peak, _ in measure_cpu(config, 2)]
-    assert_estimate_matches_ranks(predicted, measured, every=0.05)
+    assert_estimate_matches_ranks(config, predicted, every=0.05)
 
 
 INTENDED_WORLD_SIZE = {
