@@ -76,7 +76,7 @@ def tracked_step(
 
     tensor_mode: entered once the meshes exist (FakeTensorMode for the estimate: DeviceMesh
     needs real rank tensors); compile_backend: torch.compile's backend where the config compiles
-    (the estimator's `compiled.fake_inductor()`).
+    (the estimator's `compiled.FakeInductor`).
     """
     reset_dtensor_rng()
     layout = build_layout(config, world_size, device.type)

@@ -27,16 +27,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from torchtitan_ablate.components.data.datasets import KEY, DatasetError, TextDocuments
-from torchtitan_ablate.components.data.packing import shard_for_this_worker, warn_if_dp_changed
 from torchtitan_ablate.components.data.sft import (
-    BEST_FIT_OPEN_ROWS,
     ChatRenderer,
     Conversation,
     SFTDataset,
@@ -210,29 +207,5 @@ class PreferenceDataset(SFTDataset):
     source: PreferencePairs
     open_rows: list[list[Pair]]  # pairs read but not yet emitted
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        shard_for_this_worker(self.source, self.dp_rank, self.dp_world_size)
-        max_open = {"padding": 0, "greedy": 1, "best_fit": BEST_FIT_OPEN_ROWS}[self.packing]
-        for pair in self.source:
-            # State is updated before every yield: the emitted row is gone, `pair` is held.
-            row = self._place(pair, max_open)
-            if row is not None:
-                yield pair_row(row, self.seq_len, self.pad_id)
-            for r in [r for r in self.open_rows if self._room(r) == 0]:
-                self.open_rows.remove(r)
-                yield pair_row(r, self.seq_len, self.pad_id)
-
-    def _room(self, row: list[Pair]) -> int:
-        return self.seq_len - sum(len(tokens) for tokens, _, _ in row)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source.state_dict(),
-            "open_rows": [[(list(t), list(m), n) for t, m, n in r] for r in self.open_rows],
-            "dp": [self.dp_rank, self.dp_world_size],
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        warn_if_dp_changed(state["dp"], self.dp_rank, self.dp_world_size)
-        self.source.load_state_dict(state["source"])
-        self.open_rows = [[(list(t), list(m), n) for t, m, n in r] for r in state["open_rows"]]
+    def _emit(self, row: list[Pair]) -> dict[str, torch.Tensor]:
+        return pair_row(row, self.seq_len, self.pad_id)

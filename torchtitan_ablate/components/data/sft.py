@@ -229,14 +229,19 @@ class SFTDataset(IterableDataset):
             # State is updated before every yield: the emitted row is gone, `conv` is held.
             row = self._place(conv, max_open)
             if row is not None:
-                yield build_row(row, self.seq_len, self.pad_id)
+                yield self._emit(row)
             full = [r for r in self.open_rows if self._room(r) == 0]
             for r in full:
                 self.open_rows.remove(r)
-                yield build_row(r, self.seq_len, self.pad_id)
+                yield self._emit(r)
 
-    def _room(self, row: list[Conversation]) -> int:
-        return self.seq_len - sum(len(tokens) for tokens, _ in row)
+    def _emit(self, row: list[Conversation]) -> dict[str, torch.Tensor]:
+        """The row's tensors (preference.py's subclass lays out pairs)."""
+        return build_row(row, self.seq_len, self.pad_id)
+
+    def _room(self, row: list) -> int:
+        # A unit's tokens come first (a conversation; a preference pair).
+        return self.seq_len - sum(len(unit[0]) for unit in row)
 
     def _place(self, conv: Conversation, max_open: int) -> list[Conversation] | None:
         """Puts `conv` into an open row (best fit); returns a row to emit if one must make way."""
@@ -256,11 +261,19 @@ class SFTDataset(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         return {
             "source": self.source.state_dict(),
-            "open_rows": [[(list(t), list(m)) for t, m in r] for r in self.open_rows],
+            "open_rows": _copy_rows(self.open_rows),
             "dp": [self.dp_rank, self.dp_world_size],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         warn_if_dp_changed(state["dp"], self.dp_rank, self.dp_world_size)
         self.source.load_state_dict(state["source"])
-        self.open_rows = [[(list(t), list(m)) for t, m in r] for r in state["open_rows"]]
+        self.open_rows = _copy_rows(state["open_rows"])
+
+
+def _copy_rows(rows: list[list]) -> list[list[tuple]]:
+    """Open rows as fresh tuples of lists (token and mask lists copied, ints kept), whether
+    they come from the dataset or from a saved state."""
+    return [
+        [tuple(list(f) if isinstance(f, list | tuple) else f for f in u) for u in r] for r in rows
+    ]

@@ -211,18 +211,15 @@ def _document_block_mask(document_ids_BS: torch.Tensor) -> BlockMask:
     ids_BNK = document_ids_BS.view(batch, -1, FLEX_BLOCK)
     lo_BN, hi_BN = ids_BNK.amin(-1), ids_BNK.amax(-1)
     n_blocks = lo_BN.shape[1]
-    block_N = torch.arange(n_blocks, device=document_ids_BS.device)
-    below_NN = block_N[None, :] < block_N[:, None]  # [q block, kv block]: kv strictly earlier
+    q_N1 = torch.arange(n_blocks, device=document_ids_BS.device)[:, None]  # [q block, kv block]
+    kv_1N = q_N1.T
     q_lo, q_hi, kv_lo, kv_hi = lo_BN[:, :, None], hi_BN[:, :, None], lo_BN[:, None], hi_BN[:, None]
     one_document = (q_lo == q_hi) & (kv_lo == kv_hi) & (q_lo == kv_lo)
-    full_BNN = below_NN & one_document
-    # Some pair may attend: the diagonal always; below it where the blocks' id ranges meet.
-    # With ids sorted along the row (every loader's) that is exact; otherwise it keeps extra
-    # blocks as partial, where the kernel applies the mask per element (still exact).
-    partial_BNN = (below_NN | torch.eye(n_blocks, dtype=torch.bool, device=lo_BN.device)) & (
-        (kv_lo <= q_hi) & (q_lo <= kv_hi)
-    )
-    partial_BNN &= ~full_BNN
+    full_BNN = (kv_1N < q_N1) & one_document
+    # Some pair may attend where the blocks are causal and their id ranges meet (the diagonal
+    # always). With ids sorted along the row (every loader's) that is exact; otherwise it keeps
+    # extra blocks as partial, where the kernel applies the mask per element (still exact).
+    partial_BNN = (kv_1N <= q_N1) & (kv_lo <= q_hi) & (q_lo <= kv_hi) & ~full_BNN
     return BlockMask.from_kv_blocks(
         *_block_list(partial_BNN),
         *_block_list(full_BNN),
