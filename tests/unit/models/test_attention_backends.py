@@ -28,9 +28,7 @@ def reference(q_BSHK, k_BSJK, v_BSJK, document_ids_BS=None) -> torch.Tensor:
     k_BSHK = k_BSJK.repeat_interleave(H // J, 2)
     v_BSHK = v_BSJK.repeat_interleave(H // J, 2)
     scores_BHSS = torch.einsum("bqhk,bshk->bhqs", q_BSHK, k_BSHK) / K**0.5
-    batch, seq = q_BSHK.shape[:2]
-    allowed_BSS = torch.ones(seq, seq, dtype=torch.bool, device=q_BSHK.device).tril()
-    allowed_BSS = allowed_BSS.expand(batch, seq, seq)
+    allowed_BSS = torch.ones(S, S, dtype=torch.bool, device=q_BSHK.device).tril().expand(B, S, S)
     if document_ids_BS is not None:
         allowed_BSS = allowed_BSS & (document_ids_BS[:, :, None] == document_ids_BS[:, None, :])
     scores_BHSS = scores_BHSS.masked_fill(~allowed_BSS[:, None], float("-inf"))
@@ -48,68 +46,6 @@ def test_cpu_backends_match_reference(backend: str, packed: bool) -> None:
     q, k, v = qkv()
     docs = DOCS_BS if packed else None
     torch.testing.assert_close(run(backend, q, k, v, docs), reference(q, k, v, docs))
-
-
-def _blocks(mask) -> tuple[list, list]:
-    """(partial, full) kv blocks of every (batch, q block) of a BlockMask, as sorted lists."""
-
-    def listed(counts, indices):
-        return [
-            sorted(indices[b, 0, q, : counts[b, 0, q]].tolist())
-            for b in range(counts.shape[0])
-            for q in range(counts.shape[2])
-        ]
-
-    return (
-        listed(mask.kv_num_blocks, mask.kv_indices),
-        listed(mask.full_kv_num_blocks, mask.full_kv_indices),
-    )
-
-
-def test_flex_document_block_mask_from_id_ranges() -> None:
-    # Block-aligned sequences take the block structure from each block's id range instead of
-    # evaluating the mask per pair: the same blocks as create_block_mask for sorted ids (every
-    # loader's), extra partial blocks (still exact) otherwise; outputs equal the reference.
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    from torchtitan_ablate.models.common import attention as attn
-
-    seq = 4 * attn.FLEX_BLOCK
-    sorted_BS = torch.tensor(
-        [
-            [0] * 100 + [1] * 28 + [2] * 300 + [3] * 84,  # documents across block edges
-            [5] * 128 + [6] * 128 + [7] * 256,  # block-aligned documents
-            [9] * seq,  # one document: every block below the diagonal full
-        ]
-    )
-    unsorted_BS = torch.tensor([[0] * 200 + [1] * 100 + [0] * 212])  # ids that come back
-    g = torch.Generator().manual_seed(0)
-    for docs in (sorted_BS, unsorted_BS):
-        n = docs.shape[0]
-        mask = attn._document_block_mask(docs)
-
-        def causal_same_document(b, h, q_idx, kv_idx, docs=docs):
-            return (q_idx >= kv_idx) & (docs[b, q_idx] == docs[b, kv_idx])
-
-        general = create_block_mask(causal_same_document, n, None, seq, seq, device="cpu")
-        for name in ("kv_num_blocks", "kv_indices", "full_kv_indices", "q_indices", "q_num_blocks"):
-            mine, theirs = getattr(mask, name), getattr(general, name)
-            assert (mine.shape, mine.dtype) == (theirs.shape, theirs.dtype), name
-        assert mask.seq_lengths == general.seq_lengths and mask.BLOCK_SIZE == general.BLOCK_SIZE
-        partial, full = _blocks(mask)
-        general_partial, general_full = _blocks(general)
-        assert full == general_full
-        if docs is sorted_BS:  # the very tensors create_block_mask makes
-            for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
-                assert torch.equal(getattr(mask, name), getattr(general, name)), name
-            for name in ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
-                assert torch.equal(getattr(mask, name), getattr(general, name)), name
-        else:
-            assert all(set(a) >= set(b) for a, b in zip(partial, general_partial))
-        q, k, v = (torch.randn(n, seq, m, K, generator=g) for m in (H, J, J))
-        attn_mask = attn.AttentionMask("flex", block_mask=mask)
-        expected = reference(q, k, v, docs)
-        torch.testing.assert_close(attention(q, k, v, attn_mask), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_sdpa_packed_equals_documents_run_separately() -> None:

@@ -20,7 +20,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 ATTN_BACKENDS = ("auto", "sdpa", "flex", "varlen", "flash")
-FLEX_BLOCK = 128  # FlexAttention's default sparse block size (tokens per mask block)
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -201,41 +200,9 @@ def _document_block_mask(document_ids_BS: torch.Tensor) -> BlockMask:
         return (q_idx >= kv_idx) & same_doc
 
     batch, seq_len = document_ids_BS.shape
-    if seq_len % FLEX_BLOCK:  # a partial last block: create_block_mask's general path
-        return create_block_mask(
-            causal_same_document, batch, None, seq_len, seq_len, device=document_ids_BS.device
-        )
-    # create_block_mask would evaluate the mask at every (q, kv) pair under four nested vmaps:
-    # 2-4 ms of host time per forward on an H200 host at 4 x 4096, with the GPU idle. The
-    # block structure follows from each block's smallest and largest document id instead.
-    ids_BNK = document_ids_BS.view(batch, -1, FLEX_BLOCK)
-    lo_BN, hi_BN = ids_BNK.amin(-1), ids_BNK.amax(-1)
-    n_blocks = lo_BN.shape[1]
-    q_N1 = torch.arange(n_blocks, device=document_ids_BS.device)[:, None]  # [q block, kv block]
-    kv_1N = q_N1.T
-    q_lo, q_hi, kv_lo, kv_hi = lo_BN[:, :, None], hi_BN[:, :, None], lo_BN[:, None], hi_BN[:, None]
-    one_document = (q_lo == q_hi) & (kv_lo == kv_hi) & (q_lo == kv_lo)
-    full_BNN = (kv_1N < q_N1) & one_document
-    # Some pair may attend where the blocks are causal and their id ranges meet (the diagonal
-    # always). With ids sorted along the row (every loader's) that is exact; otherwise it keeps
-    # extra blocks as partial, where the kernel applies the mask per element (still exact).
-    partial_BNN = (kv_1N <= q_N1) & (kv_lo <= q_hi) & (q_lo <= kv_hi) & ~full_BNN
-    return BlockMask.from_kv_blocks(
-        *_block_list(partial_BNN),
-        *_block_list(full_BNN),
-        BLOCK_SIZE=FLEX_BLOCK,
-        mask_mod=causal_same_document,
-        seq_lengths=(seq_len, seq_len),
+    return create_block_mask(
+        causal_same_document, batch, None, seq_len, seq_len, device=document_ids_BS.device
     )
-
-
-def _block_list(mask_BNN: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """BlockMask's layout of a [B, q block, kv block] selection: the count per q block and the
-    selected kv blocks first, in order (int32, with a heads dimension of 1)."""
-    mask_B1NN = mask_BNN[:, None]
-    counts = mask_B1NN.sum(-1, dtype=torch.int32)
-    indices = (~mask_B1NN).to(torch.int8).argsort(dim=-1, stable=True).to(torch.int32)
-    return counts, indices
 
 
 # ---- varlen / flash ------------------------------------------------------------------------------
