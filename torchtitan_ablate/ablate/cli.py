@@ -4,6 +4,7 @@
         --set model.flavor=debugmodel --set training.seq_len=64 --set training.steps=5
     ttablate-ablate ABLATION.toml --dry-run      # validate + predict memory, no training
     ttablate-ablate ABLATION.toml --resume       # skip runs that finished before
+    ttablate-ablate ABLATION.toml --side-by-side 4   # 1-GPU runs 4 at a time on a 4-GPU node
     ttablate-ablate --report OUT                 # rebuild the report from finished runs
 
 (`python scripts/ablate.py ...` is the same command.) Runs launch the checkout's ./run_train.sh,
@@ -41,11 +42,16 @@ def parse_args(argv: list[str], prog: str = PROG) -> argparse.Namespace:
     p.add_argument("--skip-invalid", action="store_true",
                    help="run the valid variants even if others fail validation")  # fmt: skip
     p.add_argument("--timeout", type=float, default=0.0, help="seconds per run (0 = none)")
+    p.add_argument("--side-by-side", type=int, default=1, metavar="N",
+                   help="run up to N runs at a time, each on its own GPUs of this node "
+                   "(default 1: one at a time)")  # fmt: skip
     args = p.parse_args(argv)
     if not args.ablation and not args.report:
         p.error("give an ablation file, or --report DIR")
     if args.ngpu is not None and args.ngpu < 1:
         p.error(f"--ngpu {args.ngpu}: processes per run, at least 1")
+    if args.side_by_side < 1:
+        p.error(f"--side-by-side {args.side_by_side}: runs at a time, at least 1")
     if not args.timeout >= 0:  # also rejects nan
         p.error(f"--timeout {args.timeout:g}: seconds per run, 0 (no limit) or more")
     return args
@@ -100,7 +106,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     report_dir = args.report and Path(args.report).resolve()
     os.chdir(ROOT)
     from torchtitan_ablate.ablate.report import write_report
-    from torchtitan_ablate.ablate.runner import make_plan, run_all, write_plan
+    from torchtitan_ablate.ablate.runner import make_plan, write_plan
+    from torchtitan_ablate.ablate.schedule import run_all
 
     try:
         if report_dir:
@@ -122,8 +129,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             print("not running: fix the variants above or pass --skip-invalid", file=sys.stderr)
         return 2 if invalid else 0
     out = out_arg or (ROOT / "outputs" / "ablations" / spec.name)
+    plan["side_by_side"] = args.side_by_side
     write_plan(plan, out)
-    run_all(plan, out, args.resume, args.timeout)
+    run_all(plan, out, args.resume, args.timeout, args.side_by_side)
     rows = write_report(out)
     print("\n".join(r["verdict"] for r in rows))
     print(f"report: {out / 'report.md'}")

@@ -110,6 +110,18 @@ def header(plan: dict) -> str:
     return " ".join(lines)
 
 
+def side_by_side_note(plan: dict) -> str:
+    """How the runs shared the machine (" " + a sentence), or "" when they ran one at a time."""
+    n = plan.get("side_by_side", 1)
+    if n <= 1:
+        return ""
+    return (
+        f" Runs ran side by side, up to {n} at a time, each on its own GPUs of one node: they "
+        "shared the host's CPUs, memory bandwidth and PCIe, so data loading and host-bound "
+        "steps may be slower than alone."
+    )
+
+
 def render(plan: dict, rows: list[dict], plots: list[str], out: Path, noise: str) -> str:
     """report.md; noise: how the verdicts define noise (report.py says it once)."""
     spec, env = plan["spec"], plan["environment"]
@@ -124,7 +136,7 @@ def render(plan: dict, rows: list[dict], plots: list[str], out: Path, noise: str
         "counts padding too. MFU: conventional (attention over the whole row, as published "
         "figures); in brackets the work done (attention within documents, causal). data %: "
         "time waiting for the data loader; compute / exposed comm / idle: the profiled steps "
-        "(docs/ablation.md). The first variant is the baseline.",
+        "(docs/ablation.md). The first variant is the baseline." + side_by_side_note(plan),
         "",
         "## Results",
         "",

@@ -1,5 +1,5 @@
-"""Plan an ablation (validate every variant, predict its memory), then run variant x seed one
-after another through ./run_train.sh, each into OUT/runs/<variant>/seed<N>/.
+"""Plan an ablation (validate every variant, predict its memory) and write it down; schedule.py
+runs variant x seed through ./run_train.sh, each into OUT/runs/<variant>/seed<N>/.
 
 OUT/ablation.json holds the plan (resolved arguments, layouts, predictions, commands, versions);
 each run folder gets train.log, the trainer's metrics.jsonl and config.toml, and status.json
@@ -7,19 +7,12 @@ each run folder gets train.log, the trainer's metrics.jsonl and config.toml, and
 """
 
 import json
-import os
-import re
 import shlex
-import shutil
-import signal
-import socket
-import subprocess
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from torchtitan_ablate.ablate.environment import ROOT, environment
+from torchtitan_ablate.ablate.environment import environment
 from torchtitan_ablate.ablate.spec import AblationSpec, Variant
 from torchtitan_ablate.config import ConfigError, JobConfig, load_config
 
@@ -166,121 +159,3 @@ def write_plan(plan: dict, out: Path) -> None:
 def read_status(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / "status.json"
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-ERROR_LINE = re.compile(r"([A-Za-z_.]*(Error|Exception)\b|config error|out of memory)")
-
-
-def error_line(log: Path, returncode: int) -> str:
-    """The last informative error line of a failed run's log."""
-    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
-    hits = [
-        x.strip()
-        for x in lines
-        if ERROR_LINE.search(x) and "ChildFailedError" not in x and "Traceback" not in x
-    ]
-    if hits:
-        return hits[-1][:500]
-    if returncode < 0 or returncode == 137:
-        return f"killed by signal {-returncode if returncode < 0 else 9} (out of host memory?)"
-    tail = [x.strip() for x in lines if x.strip()]
-    return (tail[-1] if tail else "no output")[:500] + f" (exit code {returncode})"
-
-
-def _new_records(metrics: Path, after_step: int) -> list[dict]:
-    """The complete records logged after `after_step` (the last line may be half-written)."""
-    if not metrics.is_file():
-        return []
-    records = []
-    for line in metrics.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            break
-        if rec["step"] > after_step:
-            records.append(rec)
-    return records
-
-
-def _fmt_s(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
-
-
-def launch(cmd: list[str], run_dir: Path, label: str, steps: int, eta_rest: float, timeout: float):
-    """Runs one training, printing a progress line per logged step; returns (rc, wall_s)."""
-    env = dict(os.environ, MASTER_PORT=str(_free_port()))
-    env.update(a.split("=", 1) for a in cmd[:2])
-    start = time.perf_counter()
-    with open(run_dir / "train.log", "w") as log:
-        proc = subprocess.Popen(
-            cmd[2:], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        last_step, first = 0, None  # first logged (step, time): the ETA leaves start-up out
-        try:
-            while proc.poll() is None:
-                time.sleep(1.0)
-                elapsed = time.perf_counter() - start
-                if timeout and elapsed > timeout:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    proc.wait()
-                    log.write(f"\nablate: run exceeded --timeout {timeout:.0f} s; stopped\n")
-                    break
-                for rec in _new_records(run_dir / "metrics.jsonl", last_step):
-                    last_step = rec["step"]
-                    first = first or (last_step, elapsed)
-                    done, took = last_step - first[0], elapsed - first[1]
-                    per_step = took / done if done else elapsed / last_step
-                    left = per_step * (steps - last_step)
-                    print(
-                        f"  {label}: step {last_step}/{steps}  loss {rec['loss']:.4f}  "
-                        f"tps {rec['tps']:,.0f}  elapsed {_fmt_s(elapsed)}  ETA run "
-                        f"{_fmt_s(left)}, all {_fmt_s(left + eta_rest)}",
-                        flush=True,
-                    )
-        except KeyboardInterrupt:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait()
-            raise
-    return proc.returncode, time.perf_counter() - start
-
-
-def run_all(plan: dict, out: Path, resume: bool, timeout: float = 0.0) -> None:
-    """Runs every valid variant x seed; a failed run is recorded and the rest go on."""
-    todo = [(v, r) for v in plan["variants"] if not v["error"] for r in v["runs"]]
-    walls: list[float] = []
-    for i, (variant, run) in enumerate(todo, 1):
-        run_dir = out / run["dir"]
-        label = f"[{i}/{len(todo)}] {variant['name']} seed {run['seed']}"
-        status = read_status(run_dir)
-        if resume and status and status["status"] == "ok" and status["command"] == run["command"]:
-            print(f"{label}: finished before, skipped (--resume)", flush=True)
-            continue
-        if run_dir.exists():  # metrics.jsonl appends and checkpoints resume: start clean
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        mean_wall = sum(walls) / len(walls) if walls else 0.0
-        print(f"{label}: {run['command']}", flush=True)
-        rc, wall = launch(
-            run_command(plan, run, out),
-            run_dir,
-            label,
-            variant["layout"]["steps"],
-            mean_wall * (len(todo) - i),
-            timeout,
-        )
-        walls.append(wall)
-        status = {"status": "ok" if rc == 0 else "failed", "returncode": rc, "wall_s": wall}
-        status.update(command=run["command"], finished=time.strftime("%Y-%m-%d %H:%M:%S"))
-        if rc != 0:
-            status["error"] = error_line(run_dir / "train.log", rc)
-            print(f"{label}: FAILED in {_fmt_s(wall)}: {status['error']}", flush=True)
-        else:
-            print(f"{label}: done in {_fmt_s(wall)}", flush=True)
-        (run_dir / "status.json").write_text(json.dumps(status, indent=1) + "\n")
