@@ -30,6 +30,9 @@ def debug_overrides(path: Path) -> tuple[int, list[str]]:
     args += ["--training.steps", "3", "--lr_scheduler.warmup_steps", "1", "--metrics.log_freq", "1"]
     args += ["--compile.enable", "false", "--float8.enable", "false"]
     args += ["--checkpoint.enable", "false"]
+    # The harness's ranks are daemonic processes, which may not start loader workers; loader
+    # workers under torchrun are tested in test_launcher.py.
+    args += ["--training.num_workers", "0"]
     ep = min(par.get("expert_parallel_degree", 1), 2)
     args += ["--parallelism.expert_parallel_degree", str(ep)]
     world = par.get("data_parallel_replicate_degree", 1) * par.get("context_parallel_degree", 1)

@@ -56,6 +56,8 @@ def results_table(rows: list[dict]) -> list[str]:
         if r["memory_ratio"] is not None:
             ratio += f" ({r['memory_ratio_basis']})"
         speedup = "n/a" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+        if r["speedup"] is not None and r.get("baseline") not in (None, rows[0]["variant"]):
+            speedup += f" vs {r['baseline']}"
         mfu = _num(r["mfu_pct"], ".1f")
         if r["mfu_doc_pct"] is not None:
             mfu += f" ({r['mfu_doc_pct']:.1f})"
@@ -136,7 +138,8 @@ def render(plan: dict, rows: list[dict], plots: list[str], out: Path, noise: str
         "counts padding too. MFU: conventional (attention over the whole row, as published "
         "figures); in brackets the work done (attention within documents, causal). data %: "
         "time waiting for the data loader; compute / exposed comm / idle: the profiled steps "
-        "(docs/ablation.md). The first variant is the baseline." + side_by_side_note(plan),
+        "(docs/ablation.md). Each verdict compares a variant with its baseline: the first "
+        "variant unless the variant names one." + side_by_side_note(plan),
         "",
         "## Results",
         "",

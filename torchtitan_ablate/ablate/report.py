@@ -29,7 +29,8 @@ else:  # pragma: no cover
 
 COLUMNS = [
     "variant", "group", "status", "runs_ok", "runs", "ngpu", "steps_run", "tps_median",
-    "tps_noise_pct", "noise_note", "speedup", "tps_processed_median", "tflops", "mfu_pct",
+    "tps_noise_pct", "noise_note", "speedup", "baseline", "tps_processed_median", "tflops",
+    "mfu_pct",
     "mfu_doc_pct", "memory_measured_gib", "memory_reserved_gib", "memory_predicted_gib",
     "fits_predicted", "memory_ratio", "memory_ratio_basis", "final_loss_mean",
     "final_loss_spread", "final_loss_std", "validation_loss_mean", "global_batch_size",
@@ -201,6 +202,7 @@ def summarize_variant(
 def compare(row: dict, base: dict) -> None:
     """Speedup, memory ratio and the one-line verdict of row against the baseline row."""
     name = row["variant"]
+    row["baseline"] = base["variant"]
     if row["tps_median"] is None:
         row["verdict"] = f"{name}: {row['status']}: {row['error'] or 'no finished run'}"
         return
@@ -286,8 +288,10 @@ def build_rows(out: Path) -> tuple[dict, list[dict]]:
     warmup = plan["spec"]["throughput_warmup_steps"]
     target = plan["spec"].get("noise_target")
     rows = [summarize_variant(v, out, warmup, target) for v in plan["variants"]]
-    for row in rows:
-        compare(row, rows[0])
+    by_name = {row["variant"]: row for row in rows}
+    for row, variant in zip(rows, plan["variants"]):
+        # Plans written before variants could name their baseline compare with the first.
+        compare(row, by_name.get(variant.get("baseline"), rows[0]))
     return plan, rows
 
 

@@ -89,6 +89,7 @@ def plan_variant(
     seed = spec.seeds[0] if spec.seeds else None
     args = spec.run_args(variant, seed, sets)
     entry: dict[str, Any] = {"name": variant.name, "group": variant.group or variant.name}
+    entry["baseline"] = variant.baseline or spec.variants[0].name
     entry.update(description=variant.description, overrides=variant.overrides, error=None)
     try:
         config = load_config(["--job.config_file", spec.config_file, *args])

@@ -21,6 +21,8 @@
     [variants.zero2]
     group = "zero2"                         # optional: line name in the batch-size plot
     ngpu = 2                                # optional: this variant's processes per run
+    baseline = "zero3"                      # optional: the variant it is compared with
+                                            #   (default: the first; its own name: none)
     parallelism.fsdp_reshard_after_forward = "never"
 
 Names (the variants', [ablation] name) become folders: letters, digits, '_', '.', '-' only. A key
@@ -58,7 +60,7 @@ ABLATION_KEYS = {
     "noise_target",
     "profile",
 }
-VARIANT_META_KEYS = {"group", "description", "ngpu"}
+VARIANT_META_KEYS = {"group", "description", "ngpu", "baseline"}
 RUNNER_OWNED = {
     "job.dump_folder",
     "job.config_file",
@@ -78,6 +80,9 @@ class Variant:
     description: str = ""
     ngpu: int | None = None
     """Processes per run of this variant (weak scaling); None: the ablation's."""
+    baseline: str = ""
+    """The variant this one's verdict compares with ("": the file's first variant; its own
+    name: a baseline of its own, e.g. of a second model size)."""
 
 
 @dataclass
@@ -249,6 +254,13 @@ def load_spec(path: str | Path) -> AblationSpec:
     variants = [_variant(n, t, str(path)) for n, t in tables.items()]
     if not variants:
         raise AblationError(f"{path}: no [variants.NAME] tables; at least one is needed")
+    names = [v.name for v in variants]
+    for v in variants:
+        if v.baseline and v.baseline not in names:
+            raise AblationError(
+                f"{path}: [variants.{v.name}] baseline = {v.baseline!r}: name a variant of this "
+                f"file ({', '.join(names)}; its own name makes it a baseline)"
+            )
     return AblationSpec(
         name=head.get("name", path.stem),
         description=head.get("description", ""),

@@ -295,3 +295,29 @@ def test_runs_stopped_at_different_steps_compare_losses_at_the_common_step(tmp_p
     write_report(c)
     rows = json.loads((c / "results.json").read_text())["rows"]
     assert "final loss 4.5000 vs 4.0000 (+0.5000; one seed" in rows[1]["verdict"]
+
+
+def test_variants_compare_with_the_baseline_they_name(tmp_path):
+    # Two model sizes in one file: each size's variants compare with that size's own baseline.
+    runs = {n: [make_run(tmp_path, n, 1, [1] + [t] * 12, [3.0] * 13)] for n, t in
+            (("small", 100), ("small_fast", 150), ("big", 20), ("big_fast", 30))}  # fmt: skip
+    variants = [variant(n, r) for n, r in runs.items()]
+    variants[2]["baseline"] = "big"  # its own name: a baseline
+    variants[3]["baseline"] = "big"
+    plan(tmp_path, variants)
+    _, rows = build_rows(tmp_path)
+    small, small_fast, big, big_fast = rows
+    assert small_fast["speedup"] == 1.5 and small_fast["baseline"] == "small"
+    assert big["speedup"] == 1.0 and big["verdict"] == "big: baseline"
+    assert big_fast["speedup"] == 1.5 and big_fast["verdict"].startswith("big_fast vs big:")
+    write_report(tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "| 1.50x vs big |" in report and "| 1.50x |" in report
+
+
+def test_plans_without_baselines_compare_with_the_first(tmp_path):
+    runs = {n: [make_run(tmp_path, n, 1, [1] + [t] * 12, [3.0] * 13)] for n, t in
+            (("a", 100), ("b", 50))}  # fmt: skip
+    plan(tmp_path, [variant(n, r) for n, r in runs.items()])  # no "baseline" keys: older plans
+    _, rows = build_rows(tmp_path)
+    assert rows[1]["speedup"] == 0.5 and rows[1]["baseline"] == "a"

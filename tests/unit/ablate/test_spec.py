@@ -78,6 +78,7 @@ def test_cli_arg_values():
         ("[ablation]\nconfig_file='x'\n[variants.'../../escape']\n", "names become folders"),
         ("[ablation]\nconfig_file='x'\n[variants.'..']\n", "names become folders"),
         ("[ablation]\nconfig_file='x'\n[variants.a]\ngroup=3\n", "group = 3: a string"),
+        ("[ablation]\nconfig_file='x'\n[variants.a]\nbaseline='zz'\n", "baseline = 'zz': name a"),
         (
             "[ablation]\nconfig_file='x'\n[overrides]\n'training.steps'=3\ntraining.steps=4\n"
             "[variants.a]\n",
