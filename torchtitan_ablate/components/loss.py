@@ -10,7 +10,8 @@ cross-entropy and Apple's cut cross-entropy (Triton kernels; optional packages).
 
 import functools
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -185,8 +186,32 @@ def _cce_sum(h_ND: torch.Tensor, weight_VD: torch.Tensor, labels_N: torch.Tensor
     )  # fmt: skip
 
 
+KernelLossSum = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""(h_ND, weight_VD, labels_N) -> cross-entropy sum: the kernel call of a liger or cce head."""
+
+_stand_ins: dict[str, KernelLossSum] = {}
+
+
+@contextmanager
+def kernel_loss_with(stand_ins: dict[str, KernelLossSum]) -> Iterator[None]:
+    """Runs the loss heads of the loss_impls named in `stand_ins` through their stand-ins
+    instead of the packages' kernels, for heads built during the context (the memory
+    estimator's seam: it models their allocations on fake CPU tensors). No kernel runs then,
+    so check_kernel_loss asks for neither the package nor CUDA."""
+    saved = dict(_stand_ins)
+    _stand_ins.update(stand_ins)
+    try:
+        yield
+    finally:
+        _stand_ins.clear()
+        _stand_ins.update(saved)
+
+
 def check_kernel_loss(impl: str) -> None:
-    """ConfigError (one line) unless loss_impl `impl`'s package is installed and CUDA is here."""
+    """ConfigError (one line) unless loss_impl `impl`'s package is installed and CUDA is here
+    (or a stand-in runs instead of the kernel: kernel_loss_with)."""
+    if impl in _stand_ins:
+        return
     module, extra, package = KERNEL_LOSSES[impl]
     if importlib.util.find_spec(module) is None:
         raise ConfigError(
@@ -201,14 +226,16 @@ def check_kernel_loss(impl: str) -> None:
 
 
 def kernel_loss_head(impl: str) -> LossHead:
-    """The liger or cce loss head (check_kernel_loss first)."""
-    fn = _liger_sum if impl == "liger" else _cce_sum
+    """The liger or cce loss head (check_kernel_loss first); its stand-in where one is installed
+    (kernel_loss_with)."""
+    stand_in = _stand_ins.get(impl)
+    fn = stand_in or (_liger_sum if impl == "liger" else _cce_sum)
 
     def head(h_BSD: torch.Tensor, weight_VD: torch.Tensor, labels_BS: torch.Tensor) -> torch.Tensor:
-        if h_BSD.device.type != "cuda":  # the memory estimator's fake CPU tensors
+        if stand_in is None and h_BSD.device.type != "cuda":
             raise ConfigError(
                 f"training.loss_impl = {impl!r} is a CUDA kernel: it cannot run on "
-                f"{h_BSD.device.type} tensors (the memory estimator models chunked/plain only)"
+                f"{h_BSD.device.type} tensors; use loss_impl = 'chunked' or 'plain'"
             )
         return fn(h_BSD.flatten(0, 1), weight_VD, labels_BS.flatten(0, 1)).float()
 

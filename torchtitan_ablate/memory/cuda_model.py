@@ -16,8 +16,10 @@ Each adjustment is listed (with its reason) in docs/memory_estimation.md:
    attention.py's `dense_kernel_with`, a stand-in with exactly those tensors. For the kernels
    that take GQA and document masks natively (flex, the CUDA choice of attn_backend "auto";
    varlen; flash) K/V stay at kv heads and no dense mask exists.
-5. caching allocator: every block is rounded up to 512 bytes (`ROUND_BYTES`).
-6. CUDA context + NCCL communicators: a constant reported separately (`context_gib`).
+5. loss_impl liger / cce: Triton kernels (optional packages); kernel_loss.py installs, through
+   loss.py's `kernel_loss_with`, stand-ins with the tensors the packages allocate and save.
+6. caching allocator: every block is rounded up to 512 bytes (`ROUND_BYTES`).
+7. CUDA context + NCCL communicators: a constant reported separately (`context_gib`).
 """
 
 from collections.abc import Iterator

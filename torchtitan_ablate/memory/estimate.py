@@ -4,7 +4,8 @@
    kernels; compile settings kept.
 2. In one process: fake process group of N ranks (rank 0), FakeTensorMode, fake cpu device.
 3. `tracked_step`: the trainer's build path and train_step, tracked by MemoryTracker, with MoE
-   routing forced (routing.py), CUDA's attention kernel stood in (cuda_model.py) and, where the
+   routing forced (routing.py), CUDA's attention kernel stood in (cuda_model.py), the Triton
+   loss kernels of loss_impl liger / cce stood in (kernel_loss.py) and, where the
    config compiles, torch.compile's backend set to `compiled.FakeInductor` (the build path's
    `compile_backend` seam): Inductor's partitioned graphs run on fake tensors.
 """
@@ -18,7 +19,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 
 from torchtitan_ablate.config import ConfigError, JobConfig
-from torchtitan_ablate.memory import cuda_model
+from torchtitan_ablate.memory import cuda_model, kernel_loss
 from torchtitan_ablate.memory.compiled import FakeInductor, describe_program
 from torchtitan_ablate.memory.fake_env import fake_tensors, fake_world, resolve_world_size
 from torchtitan_ablate.memory.routing import forced_routing
@@ -92,6 +93,7 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
         if cuda:
             native = resolve_backend(config.model.attn_backend, torch.device("cuda")) != "sdpa"
             stack.enter_context(cuda_model.cuda_attention(native))
+            stack.enter_context(kernel_loss.cuda_kernel_losses())
         try:
             result = tracked_step(
                 cfg,

@@ -92,8 +92,8 @@ def test_kernel_loss_without_its_package_names_the_extra(impl, extra, monkeypatc
 
 @pytest.mark.parametrize("impl", ["liger", "cce"])
 def test_kernel_loss_refuses_cpu_tensors_with_a_config_error(impl):
-    # The memory estimator runs the loss on fake CPU tensors: a ConfigError there becomes
-    # "predicted memory n/a" in the ablation plan instead of a crash.
+    # Without a stand-in (the memory estimator installs its own: kernel_loss_with), CPU
+    # tensors get one config-error line instead of a Triton crash.
     h, w = torch.zeros(1, 4, 8), torch.zeros(16, 8)
     with pytest.raises(ConfigError, match="CUDA kernel"):
         kernel_loss_head(impl)(h, w, torch.zeros(1, 4, dtype=torch.long))
