@@ -139,3 +139,12 @@ def test_small_ablation_end_to_end(tmp_path, capsys):
     assert ablate_cli.main(["--report", str(out)]) == 0
     doc = json.loads((out / "results.json").read_text())
     assert [r["variant"] for r in doc["rows"]] == ["zero3", "zero2"]
+
+
+def test_side_by_side_with_different_gpu_counts_is_noted(capsys):
+    path = "train_configs/ablations/fsdp_weak_scaling.toml"
+    args = [path, "--dry-run", "--no-estimate", "--side-by-side", "4"]
+    assert ablate_cli.main(args) == 0
+    assert "note: the variants run on [1, 2, 4] GPUs; side by side" in capsys.readouterr().out
+    assert ablate_cli.main([path, "--dry-run", "--no-estimate"]) == 0
+    assert "side by side" not in capsys.readouterr().out

@@ -123,6 +123,13 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     command = [*prog.split(), *argv]
     plan = make_plan(spec, ablation, args.ngpu, sets, command, not args.no_estimate)
     print_plan(plan)
+    ngpus = {r["ngpu"] for v in plan["variants"] if not v["error"] for r in v["runs"]}
+    if args.side_by_side > 1 and len(ngpus) > 1:
+        print(
+            f"note: the variants run on {sorted(ngpus)} GPUs; side by side a run shares the host "
+            "with a varying number of others, so compare their tokens/s with care (a scaling "
+            "study runs one at a time)"
+        )
     invalid = [v for v in plan["variants"] if v["error"]]
     if args.dry_run or (invalid and not args.skip_invalid):
         if invalid and not args.dry_run:

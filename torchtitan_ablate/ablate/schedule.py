@@ -85,25 +85,33 @@ class Launched:
     GPU ids it may see (None: whatever the runner sees)."""
 
     def __init__(
-        self, command: str, run_dir: Path, label: str, steps: int, timeout: float,
+        self,
+        command: str,
+        run_dir: Path,
+        label: str,
+        steps: int,
+        timeout: float,
         gpus: list[str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
+        self.command, self.run_dir, self.label = command, run_dir, label
+        self.steps, self.timeout, self.gpus = steps, timeout, gpus
         words = shlex.split(command)
         n_env = next(i for i, w in enumerate(words) if "=" not in w)
         env = dict(os.environ, MASTER_PORT=str(_free_port()))
         env.update(w.split("=", 1) for w in words[:n_env])
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        self.command, self.run_dir, self.label, self.steps, self.timeout, self.gpus = (
-            command, run_dir, label, steps, timeout, gpus
-        )  # fmt: skip
         self.start = time.perf_counter()
         self.last_step, self.first = 0, None  # first logged (step, time): ETAs skip start-up
         self.log = open(run_dir / "train.log", "w")
         self.proc = subprocess.Popen(
-            words[n_env:], cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            words[n_env:],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
 
     def poll(self, eta_rest: float) -> int | None:
         """Prints a line per newly logged step; the return code once the process ended (it is
