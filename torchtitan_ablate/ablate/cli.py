@@ -10,8 +10,9 @@
 (`python scripts/ablate.py ...` is the same command.) Runs launch the checkout's ./run_train.sh,
 so planning and running need the package installed from a clone (pip install -e .); --report
 works anywhere. Exit code 2 for a bad ablation file, option, --set or variant, or a --report
-folder without ablation.json (one line naming it), 0 otherwise: a failed run is recorded in the
-report and the others go on. See docs/ablation.md.
+folder without ablation.json (one line naming it); 130 / 143 when Ctrl-C / SIGTERM stopped it
+(the runs in flight are stopped and recorded, the report covers the finished ones); 0 otherwise:
+a failed run is recorded in the report and the others go on. See docs/ablation.md.
 """
 
 import argparse
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     os.chdir(ROOT)
     from torchtitan_ablate.ablate.report import write_report
     from torchtitan_ablate.ablate.runner import make_plan, write_plan
-    from torchtitan_ablate.ablate.schedule import run_all
+    from torchtitan_ablate.ablate.schedule import Stopped, run_all
 
     try:
         if report_dir:
@@ -138,7 +139,17 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     out = out_arg or (ROOT / "outputs" / "ablations" / spec.name)
     plan["side_by_side"] = args.side_by_side
     write_plan(plan, out)
-    run_all(plan, out, args.resume, args.timeout, args.side_by_side)
+    try:
+        run_all(plan, out, args.resume, args.timeout, args.side_by_side)
+    except (KeyboardInterrupt, Stopped) as e:
+        why = "Ctrl-C" if isinstance(e, KeyboardInterrupt) else "SIGTERM"
+        write_report(out)
+        print(
+            f"ablation stopped ({why}): the runs in flight are recorded as stopped and the report "
+            f"covers the finished ones ({out / 'report.md'}); rerun with --resume to finish",
+            file=sys.stderr,
+        )
+        return 130 if why == "Ctrl-C" else 143
     rows = write_report(out)
     print("\n".join(r["verdict"] for r in rows))
     print(f"report: {out / 'report.md'}")

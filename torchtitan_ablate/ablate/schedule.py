@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -142,9 +143,15 @@ class Launched:
     def wall(self) -> float:
         return time.perf_counter() - self.start
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 60.0) -> None:
+        """SIGTERM to the run's process group (the trainer stops at its next step boundary),
+        SIGKILL if it is still there after grace_s."""
         os.killpg(self.proc.pid, signal.SIGTERM)
-        self.proc.wait()
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
 
 def run_all(
@@ -165,6 +172,10 @@ def run_all(
     free = list(gpus or [])
     running: list[Launched] = []
     walls: list[float] = []
+    # A scheduler's SIGTERM ends the ablation like Ctrl-C: the runs in flight (each in its own
+    # session, so not signalled with the runner) are stopped and recorded, never orphaned.
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_stopped) if on_main else None
     try:
         while queue or running:
             while queue and len(running) < side_by_side:
@@ -188,10 +199,23 @@ def run_all(
                 free += job.gpus or []
                 walls.append(job.wall)
                 _record(job, rc)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Stopped) as e:
+        why = "Ctrl-C" if isinstance(e, KeyboardInterrupt) else "SIGTERM"
         for job in running:
             job.stop()
+            _record(job, job.proc.returncode, stopped_by=why)
         raise
+    finally:
+        if on_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Stopped(Exception):
+    """The runner got SIGTERM (the runs in flight are stopped and recorded)."""
+
+
+def _raise_stopped(signum, frame) -> None:
+    raise Stopped(signal.Signals(signum).name)
 
 
 def _start(
@@ -206,13 +230,18 @@ def _start(
     return Launched(run["command"], run_dir, label, steps, timeout, gpus)
 
 
-def _record(job: Launched, rc: int) -> None:
+def _record(job: Launched, rc: int, stopped_by: str = "") -> None:
+    """status.json of a run that ended; stopped_by: what stopped the runner while it ran (a run
+    that had exited cleanly by then still counts as ok)."""
     status: dict[str, Any] = {"status": "ok" if rc == 0 else "failed", "returncode": rc}
     status.update(wall_s=job.wall, command=job.command)
     status["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     if job.gpus is not None:
         status["gpus"] = job.gpus
-    if rc != 0:
+    if rc != 0 and stopped_by:
+        status["error"] = f"stopped: the ablation runner got {stopped_by} (rerun with --resume)"
+        print(f"{job.label}: {status['error']}", flush=True)
+    elif rc != 0:
         status["error"] = error_line(job.run_dir / "train.log", rc)
         print(f"{job.label}: FAILED in {_fmt_s(job.wall)}: {status['error']}", flush=True)
     else:

@@ -101,3 +101,50 @@ def test_wandb_runs_grouped_by_ablation_named_by_variant_and_seed():
     assert [r["args"][-2:] for r in on["runs"]] == [
         ["--metrics.wandb_group=abl", f"--metrics.wandb_run_name=v1-seed{s}"] for s in (1, 2)
     ]
+
+
+_RUNNER = """
+import json, sys
+from pathlib import Path
+from torchtitan_ablate.ablate import schedule
+out = Path(sys.argv[1])
+try:
+    schedule.run_all(json.loads((out / "plan.json").read_text()), out, resume=False)
+except schedule.Stopped:
+    sys.exit(143)
+"""
+
+_SLEEPER = """
+import os, sys, time
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(60)
+"""
+
+
+def test_sigterm_stops_and_records_the_runs_in_flight(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    (tmp_path / "sleeper.py").write_text(_SLEEPER)
+    pid_file = tmp_path / "child.pid"
+    cmd = shlex.join(["NGPU=1", "CONFIG_FILE=x", sys.executable, str(tmp_path / "sleeper.py")])
+    run = {"seed": 0, "dir": "runs/v0/seed0", "ngpu": 1, "command": f"{cmd} {pid_file}"}
+    variant = {"name": "v0", "error": None, "layout": {"steps": 1}, "runs": [run]}
+    (tmp_path / "plan.json").write_text(json.dumps({"ngpu": 1, "variants": [variant]}))
+    runner_proc = subprocess.Popen([sys.executable, "-c", _RUNNER, str(tmp_path)])
+    deadline = time.time() + 30
+    while not (pid_file.is_file() and pid_file.read_text()) and time.time() < deadline:
+        time.sleep(0.2)
+    child = int(pid_file.read_text())
+    runner_proc.send_signal(signal.SIGTERM)
+    assert runner_proc.wait(timeout=30) == 143
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):  # the run was stopped, not left running
+        os.kill(child, 0)
+    status = json.loads((tmp_path / "runs/v0/seed0/status.json").read_text())
+    assert (
+        status["status"] == "failed"
+        and "stopped: the ablation runner got SIGTERM" in (status["error"])
+    )
