@@ -148,3 +148,32 @@ def test_side_by_side_with_different_gpu_counts_is_noted(capsys):
     assert "note: the variants run on [1, 2, 4] GPUs; side by side" in capsys.readouterr().out
     assert ablate_cli.main([path, "--dry-run", "--no-estimate"]) == 0
     assert "side by side" not in capsys.readouterr().out
+
+
+def test_report_estimate_fills_predictions_skipped_at_planning(tmp_path, capsys):
+    from torchtitan_ablate.ablate import runner
+    from torchtitan_ablate.ablate.spec import load_spec
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(ABLATION)
+    spec = load_spec(path)
+    out = tmp_path / "out"
+    planned = runner.make_plan(spec, str(path), None, [], ["ablate"], estimate=True)
+    runner.write_plan(runner.make_plan(spec, str(path), None, [], ["ablate"], False), out)
+    sets = ["--set", "memory_estimation.device_memory_gib=40"]
+    assert ablate_cli.main(["--report", str(out), "--estimate", *sets]) == 0
+    assert "predicted the memory of 2 variant(s)" in capsys.readouterr().out
+    plan = json.loads((out / runner.PLAN_FILE).read_text())
+    for before, after in zip(planned["variants"], plan["variants"]):
+        mem = after["memory"]
+        assert mem["predicted_peak_gib"] == before["memory"]["predicted_peak_gib"]
+        assert mem["device_memory_gib"] == 40 and "after the runs" in mem["note"]
+    assert "after the runs" in (out / "report.md").read_text()
+    assert ablate_cli.main(["--report", str(out), "--estimate"]) == 0  # nothing left to do
+    assert "predicted the memory of 0 variant(s)" in capsys.readouterr().out
+
+
+def test_estimate_needs_report(capsys):
+    with pytest.raises(SystemExit) as e:
+        ablate_cli.main(["train_configs/ablations/liger_vs_cce.toml", "--estimate"])
+    assert e.value.code == 2 and "--estimate goes with --report" in capsys.readouterr().err

@@ -6,6 +6,7 @@
     ttablate-ablate ABLATION.toml --resume       # skip runs that finished before
     ttablate-ablate ABLATION.toml --side-by-side 4   # 1-GPU runs 4 at a time on a 4-GPU node
     ttablate-ablate --report OUT                 # rebuild the report from finished runs
+    ttablate-ablate --report OUT --estimate      # add predictions skipped by --no-estimate
 
 (`python scripts/ablate.py ...` is the same command.) Runs launch the checkout's ./run_train.sh,
 so planning and running need the package installed from a clone (pip install -e .); --report
@@ -40,6 +41,10 @@ def parse_args(argv: list[str], prog: str = PROG) -> argparse.Namespace:
                    help="override for every variant (last word; repeatable)")  # fmt: skip
     p.add_argument("--report", metavar="DIR", help="only rebuild the report in DIR")
     p.add_argument("--no-estimate", action="store_true", help="skip the memory prediction")
+    p.add_argument("--estimate", action="store_true",
+                   help="with --report: predict the memory of variants planned with "
+                   "--no-estimate (any machine; --set memory_estimation.device_memory_gib=N "
+                   "for the fits verdict)")  # fmt: skip
     p.add_argument("--skip-invalid", action="store_true",
                    help="run the valid variants even if others fail validation")  # fmt: skip
     p.add_argument("--timeout", type=float, default=0.0, help="seconds per run (0 = none)")
@@ -47,6 +52,8 @@ def parse_args(argv: list[str], prog: str = PROG) -> argparse.Namespace:
                    help="run up to N runs at a time, each on its own GPUs of this node "
                    "(default 1: one at a time)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.estimate and not args.report:
+        p.error("--estimate goes with --report DIR (a plan made with --no-estimate)")
     if not args.ablation and not args.report:
         p.error("give an ablation file, or --report DIR")
     if args.ngpu is not None and args.ngpu < 1:
@@ -106,12 +113,18 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     out_arg = args.out and Path(args.out).resolve()
     report_dir = args.report and Path(args.report).resolve()
     os.chdir(ROOT)
-    from torchtitan_ablate.ablate.report import write_report
+    from torchtitan_ablate.ablate.report import read_plan, write_report
     from torchtitan_ablate.ablate.runner import make_plan, write_plan
     from torchtitan_ablate.ablate.schedule import Stopped, run_all
 
     try:
         if report_dir:
+            if args.estimate:
+                from torchtitan_ablate.ablate.runner import fill_predictions
+
+                plan = read_plan(report_dir)  # one line when the folder has no plan
+                n = fill_predictions(report_dir, plan, parse_sets(args.set))
+                print(f"predicted the memory of {n} variant(s)")
             rows = write_report(report_dir)
             print("\n".join(r["verdict"] for r in rows))
             print(f"report: {report_dir / 'report.md'}")

@@ -17,6 +17,7 @@ from torchtitan_ablate.ablate.spec import AblationSpec, Variant
 from torchtitan_ablate.config import ConfigError, JobConfig, load_config
 
 PLAN_FILE = "ablation.json"
+NOT_ESTIMATED = "n/a: --no-estimate"
 
 
 def predict_memory(config: JobConfig, ngpu: int) -> dict[str, Any]:
@@ -102,7 +103,7 @@ def plan_variant(
     entry["memory"] = (
         predict_memory(config, ngpu)
         if estimate
-        else {"predicted_peak_gib": None, "fits": None, "note": "n/a: --no-estimate"}
+        else {"predicted_peak_gib": None, "fits": None, "note": NOT_ESTIMATED}
     )
     entry["runs"] = []
     for s in seeds:
@@ -160,3 +161,23 @@ def write_plan(plan: dict, out: Path) -> None:
 def read_status(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / "status.json"
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def fill_predictions(out: Path, plan: dict, sets: list[str]) -> int:
+    """Predicts the memory of the variants planned with --no-estimate (e.g. to spend no GPU
+    time on it) from their runs' arguments, on any machine, and writes the plan back; the
+    note says the prediction came after the runs. sets: extra overrides (e.g. the device
+    memory for the fits verdict). Returns how many variants were predicted."""
+    done = 0
+    for v in plan["variants"]:
+        if v["error"] or v.get("memory", {}).get("note") != NOT_ESTIMATED:
+            continue
+        run = v["runs"][0]
+        args = ["--job.config_file", plan["spec"]["config_file"], *run["args"]]
+        config = load_config(args + [f"--{s}" for s in sets])
+        v["memory"] = predict_memory(config, run["ngpu"])
+        if v["memory"]["predicted_peak_gib"] is not None:
+            v["memory"]["note"] = "predicted after the runs (--report --estimate)"
+        done += 1
+    (out / PLAN_FILE).write_text(json.dumps(plan, indent=1) + "\n")
+    return done
