@@ -117,6 +117,8 @@ def side_by_side_note(plan: dict) -> str:
     n = plan.get("side_by_side", 1)
     if n <= 1:
         return ""
+    if not plan.get("environment", {}).get("gpus"):
+        return f" Runs ran side by side, up to {n} at a time, sharing this host's CPUs."
     return (
         f" Runs ran side by side, up to {n} at a time, each on its own GPUs of one node: they "
         "shared the host's CPUs, memory bandwidth and PCIe, so data loading and host-bound "

@@ -87,8 +87,12 @@ def test_one_at_a_time_by_default(tmp_path, monkeypatch):
 def test_side_by_side_note_in_report(n):
     from torchtitan_ablate.ablate.markdown import side_by_side_note
 
-    note = side_by_side_note({"side_by_side": n})
+    note = side_by_side_note({"side_by_side": n, "environment": {"gpus": ["H200"] * 4}})
     assert ("up to 2 at a time" in note) == (n == 2) and (note == "") == (n == 1)
+    if n == 2:
+        assert "its own GPUs" in note
+        cpu = side_by_side_note({"side_by_side": n, "environment": {"gpus": []}})
+        assert "sharing this host's CPUs" in cpu
 
 
 def test_wandb_runs_grouped_by_ablation_named_by_variant_and_seed():
