@@ -20,11 +20,9 @@ where host syncs come from; --trace FILE[.gz] also writes the profiled steps' ch
 
 import argparse
 import gc
-import gzip
 import importlib.util
 import json
 import os
-import shutil
 import sys
 import time
 import traceback
@@ -131,7 +129,8 @@ def profile_engine(
         _sync(device)
     wall_us = (time.perf_counter() - start) * 1e6
     if trace and int(os.environ.get("RANK", 0)) == 0:
-        _write_trace(prof, trace)
+        prof.export_chrome_trace(trace)  # gzipped by torch when the name ends in .gz
+        print(f"trace: {trace}")
     per_kernel: dict[str, float] = {}
     comm, compute = [], []
     for e in prof.events():
@@ -142,7 +141,8 @@ def profile_engine(
     # Idle inside the kernels' own window (first start to last end), so the profiler's start and
     # stop overhead is not counted as host-bound time. Collective kernels also count the time
     # they wait for the slowest rank; "exposed" is the part of it no compute kernel overlaps.
-    window = max(e for _, e in comm + compute) - min(s for s, _ in comm + compute)
+    kernels = comm + compute  # none on CPU: the operator table below still holds
+    window = max(e for _, e in kernels) - min(s for s, _ in kernels) if kernels else 0.0
     split = exposed_and_idle(comm, compute, window)
     busy, exposed = split["busy_us"], split["exposed_us"]
     by_class: dict[str, float] = {}
@@ -179,16 +179,6 @@ def profile_engine(
         "exposed_collectives_ms_per_step": exposed / 2e3,
         "ms_per_step_by_class": {k: v / 2e3 for k, v in by_class.items()},
     }
-
-
-def _write_trace(prof, path: str) -> None:
-    raw = path[: -len(".gz")] if path.endswith(".gz") else path
-    prof.export_chrome_trace(raw)
-    if raw != path:
-        with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.remove(raw)
-    print(f"trace: {path}")
 
 
 def _print_sync_sites(step_fn, batch) -> None:

@@ -44,3 +44,23 @@ def test_hf_peer_without_transformers_fails_before_benchmarking(monkeypatch, cap
     assert e.value.code == 2 and err == [
         "bench: --peer hf needs transformers: pip install transformers"
     ]
+
+
+def test_profile_trace_writes_the_profiled_steps_gzipped(tmp_path):
+    import gzip
+
+    bench = runpy.run_path("scripts/bench.py")
+    args = ["--job.config_file", "train_configs/debug_model.toml", "--job.dump_folder"]
+    args += [str(tmp_path), "--training.seq_len", "32", "--training.local_batch_size", "2"]
+    trace = tmp_path / "t.json.gz"
+    bench["main"](args + ["--steps", "1", "--warmup", "0", "--profile", "--trace", str(trace)])
+    with gzip.open(trace, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    assert any(e.get("name", "").startswith("aten::") for e in events)
+
+
+def test_trace_without_profile_exits_2(capsys):
+    bench = runpy.run_path("scripts/bench.py")
+    with pytest.raises(SystemExit) as e:
+        bench["main"](["--trace", "t.json"])
+    assert e.value.code == 2 and "add --profile" in capsys.readouterr().err

@@ -153,16 +153,15 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     plan["side_by_side"] = args.side_by_side
     write_plan(plan, out)
     try:
-        run_all(plan, out, args.resume, args.timeout, args.side_by_side)
-    except (KeyboardInterrupt, Stopped) as e:
-        why = "Ctrl-C" if isinstance(e, KeyboardInterrupt) else "SIGTERM"
+        run_all(plan, out, args.resume, args.timeout)
+    except Stopped as e:
         write_report(out)
         print(
-            f"ablation stopped ({why}): the runs in flight are recorded as stopped and the report "
-            f"covers the finished ones ({out / 'report.md'}); rerun with --resume to finish",
+            f"ablation stopped ({e.why}): the runs in flight are recorded as stopped and the "
+            f"report covers the finished ones ({out / 'report.md'}); rerun with --resume to finish",
             file=sys.stderr,
         )
-        return 130 if why == "Ctrl-C" else 143
+        return 130 if e.why == "Ctrl-C" else 143
     rows = write_report(out)
     print("\n".join(r["verdict"] for r in rows))
     print(f"report: {out / 'report.md'}")

@@ -56,7 +56,7 @@ def results_table(rows: list[dict]) -> list[str]:
         if r["memory_ratio"] is not None:
             ratio += f" ({r['memory_ratio_basis']})"
         speedup = "n/a" if r["speedup"] is None else f"{r['speedup']:.2f}x"
-        if r["speedup"] is not None and r.get("baseline") not in (None, rows[0]["variant"]):
+        if r["speedup"] is not None and r["baseline"] != rows[0]["variant"]:
             speedup += f" vs {r['baseline']}"
         mfu = _num(r["mfu_pct"], ".1f")
         if r["mfu_doc_pct"] is not None:

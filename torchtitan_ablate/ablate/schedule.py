@@ -135,8 +135,6 @@ class Launched:
             self.stop()
             self.log.write(f"\nablate: run exceeded --timeout {self.timeout:.0f} s; stopped\n")
             rc = self.proc.returncode
-        if rc is not None:
-            self.log.close()
         return rc
 
     @property
@@ -154,11 +152,11 @@ class Launched:
             self.proc.wait()
 
 
-def run_all(
-    plan: dict, out: Path, resume: bool, timeout: float = 0.0, side_by_side: int = 1
-) -> None:
-    """Runs every valid variant x seed (up to `side_by_side` at a time, each on its own GPUs);
-    a failed run is recorded and the rest go on."""
+def run_all(plan: dict, out: Path, resume: bool, timeout: float = 0.0) -> None:
+    """Runs every valid variant x seed (up to plan["side_by_side"] at a time, each on its own
+    GPUs); a failed run is recorded and the rest go on. Ctrl-C or SIGTERM: the runs in flight
+    are stopped and recorded, then Stopped is raised."""
+    side_by_side = plan.get("side_by_side", 1)
     todo = [(v, r) for v in plan["variants"] if not v["error"] for r in v["runs"]]
     queue = []
     for i, (variant, run) in enumerate(todo, 1):
@@ -200,18 +198,22 @@ def run_all(
                 walls.append(job.wall)
                 _record(job, rc)
     except (KeyboardInterrupt, Stopped) as e:
-        why = "Ctrl-C" if isinstance(e, KeyboardInterrupt) else "SIGTERM"
+        stopped = e if isinstance(e, Stopped) else Stopped("Ctrl-C")
         for job in running:
             job.stop()
-            _record(job, job.proc.returncode, stopped_by=why)
-        raise
+            _record(job, job.proc.returncode, stopped_by=stopped.why)
+        raise stopped from None
     finally:
         if on_main:
             signal.signal(signal.SIGTERM, previous)
 
 
 class Stopped(Exception):
-    """The runner got SIGTERM (the runs in flight are stopped and recorded)."""
+    """The runner got Ctrl-C or SIGTERM (`why`); the runs in flight were stopped and recorded."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 def _raise_stopped(signum, frame) -> None:
@@ -233,6 +235,7 @@ def _start(
 def _record(job: Launched, rc: int, stopped_by: str = "") -> None:
     """status.json of a run that ended; stopped_by: what stopped the runner while it ran (a run
     that had exited cleanly by then still counts as ok)."""
+    job.log.close()
     status: dict[str, Any] = {"status": "ok" if rc == 0 else "failed", "returncode": rc}
     status.update(wall_s=job.wall, command=job.command)
     status["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")

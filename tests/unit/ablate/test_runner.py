@@ -60,8 +60,8 @@ def test_side_by_side_runs_get_disjoint_gpus(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     # Three 1-GPU runs, then a 2-GPU run that must wait for two free GPUs, then a 1-GPU run
     # that queues behind it (plan order), and one wanting more GPUs than the node has.
-    plan = _plan(tmp_path, [1, 1, 1, 2, 1, 8])
-    schedule.run_all(plan, tmp_path, resume=False, side_by_side=4)
+    plan = _plan(tmp_path, [1, 1, 1, 2, 1, 8]) | {"side_by_side": 4}
+    schedule.run_all(plan, tmp_path, resume=False)
     ran = _ran(tmp_path)
     assert sorted(r["gpus"] for r in (ran["v0"], ran["v1"], ran["v2"])) == ["4", "5", "6"]
     assert _overlap(ran["v0"], ran["v2"]) and len(ran["v3"]["gpus"].split(",")) == 2
