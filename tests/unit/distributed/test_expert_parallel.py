@@ -18,7 +18,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from tests.dist_utils import run_distributed
-from torchtitan_ablate.distributed.expert_parallel import apply_ep
+from torchtitan_ablate.distributed.expert_parallel import _rank_in_expert_order, apply_ep
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.models.common.experts import CountReader, GroupedExperts, read_counts_with
 from torchtitan_ablate.models.common.moe import MoE
@@ -236,3 +236,17 @@ def test_apply_ep_on_meta_qwen3_moe() -> None:
         assert is_dtensor and has_grad
         assert shapes[0][0] == 8 and shapes[1][0] == 4 and shapes[0][1:] == shapes[1][1:]
         assert init_diff == 0  # the same initial experts as without EP
+
+
+def test_rank_in_expert_order_equals_a_stable_sort() -> None:
+    """Received rows (blocks in source-major order, some empty) ranked in (local expert, source)
+    order, each block keeping its row order: the stable argsort of the block keys, inverted."""
+    torch.manual_seed(0)
+    for _ in range(20):
+        ep, n_local = 3, 4
+        recv_WL = torch.randint(0, 5, (ep, n_local))
+        n = int(recv_WL.sum())
+        key_WL = torch.arange(n_local) * ep + torch.arange(ep)[:, None]
+        order = torch.repeat_interleave(key_WL.flatten(), recv_WL.flatten()).argsort(stable=True)
+        expected = torch.empty_like(order).index_put_((order,), torch.arange(n))
+        assert torch.equal(_rank_in_expert_order(recv_WL, n), expected)

@@ -1,8 +1,10 @@
 """The MoE row movements equal autograd's indexing ops, values and gradients (float64)."""
 
+import pytest
 import torch
 
 from torchtitan_ablate.models.common.permute import (
+    combine_rows,
     gather_rows,
     inverse_permutation,
     permute_rows,
@@ -64,3 +66,57 @@ def test_scatter_and_gather_rows_match_index_copy_and_select() -> None:
     ref = _grads(lambda t: t.index_select(0, dest), xp)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_combine_rows_matches_indexing_and_bmm() -> None:
+    torch.manual_seed(0)
+    tokens, top_k, dim, padded = 7, 3, 5, 30
+    # Injective index into more rows than it reads (padding rows get a zero gradient), and a
+    # permutation of all rows (the expert-parallel case).
+    for n_rows, index in ((padded, torch.randperm(padded)[: tokens * top_k]), (21, None)):
+        index = torch.randperm(n_rows) if index is None else index
+        index_TK = index.view(tokens, top_k)
+        rows = torch.randn(n_rows, dim, dtype=torch.float64, requires_grad=True)
+        w = torch.rand(tokens, top_k, dtype=torch.float64, requires_grad=True)
+        g = torch.randn(tokens, dim, dtype=torch.float64)
+        got = combine_rows(rows, index_TK, w)
+        (got * g).sum().backward()
+        got_grads = rows.grad, w.grad
+        rows.grad = w.grad = None
+        ref = torch.bmm(w.unsqueeze(1), rows[index_TK]).squeeze(1)
+        (ref * g).sum().backward()
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+        for a, b in zip(got_grads, (rows.grad, w.grad)):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_row_moves_match_float64_on_cuda() -> None:
+    """The fused kernels inductor makes of combine_rows and repeat_sorted's backward (bf16 in,
+    float32 sums) agree with float64 indexing and bmm within bf16 rounding."""
+    torch.manual_seed(0)
+    tokens, top_k, dim, experts = 4096, 8, 256, 16
+    x = torch.randn(tokens, dim, device="cuda")
+    w = torch.rand(tokens, top_k, device="cuda")
+    order = torch.randint(0, experts, (tokens * top_k,), device="cuda").argsort(stable=True)
+    inv = inverse_permutation(order)
+    g = torch.randn(tokens, dim, device="cuda")
+
+    def move(x, w):
+        rows = repeat_sorted(x, order, inv, top_k) * 1.5  # stands in for the experts
+        return combine_rows(rows, inv.view(-1, top_k), w)
+
+    def reference(x, w):
+        rows = x[order // top_k] * 1.5
+        return torch.bmm(w.unsqueeze(1), rows[inv].view(tokens, top_k, dim)).squeeze(1)
+
+    results = []
+    for fn, dtype in ((torch.compile(move), torch.bfloat16), (reference, torch.float64)):
+        xa = x.to(dtype).requires_grad_()
+        wa = w.to(dtype).requires_grad_()
+        y = fn(xa, wa)
+        (y.float() * g).sum().backward()
+        results.append([t.double() for t in (y, xa.grad, wa.grad)])
+    for got, ref in zip(*results):
+        torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)

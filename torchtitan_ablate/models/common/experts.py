@@ -23,6 +23,7 @@ from torch import nn
 
 from torchtitan_ablate.models.common.init import ParamInit, init_for
 from torchtitan_ablate.models.common.permute import (
+    combine_rows,
     gather_rows,
     inverse_permutation,
     permute_rows,
@@ -69,10 +70,9 @@ class GroupedExperts(nn.Module):
         order_R = experts_TK.flatten().argsort(stable=True)
         inv_R = inverse_permutation(order_R)
         out_sorted_RD = self(repeat_sorted(x_TD, order_R, inv_R, top_k), counts_E)
-        out_RD = permute_rows(out_sorted_RD, inv_R, order_R)
-        out_TKD = out_RD.view(-1, top_k, out_RD.shape[-1])
-        w_T1K = weights_TK.to(out_TKD.dtype).unsqueeze(1)
-        return torch.bmm(w_T1K, out_TKD).squeeze(1)
+        # Unsort and weigh in one pass: token t's k-th output is sorted row inv_R[t*K + k].
+        w_TK = weights_TK.to(out_sorted_RD.dtype)
+        return combine_rows(out_sorted_RD, inv_R.view(-1, top_k), w_TK)
 
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
         """x_RD: rows sorted by expert; num_tokens_per_expert_E: int counts summing to R."""
@@ -128,17 +128,37 @@ def read_counts_with(reader: CountReader) -> Iterator[None]:
         _reader = saved
 
 
-def _loop_experts(w1_EID, w2_EDI, w3_EID, x_RD, num_tokens_per_expert_E) -> torch.Tensor:
-    splits = _reader.expert_splits(num_tokens_per_expert_E, x_RD.shape[0])
-    out_RD = []
-    for e, x_rD in enumerate(torch.split(x_RD, splits, dim=0)):
-        h_rI = F.silu(x_rD @ w1_EID[e].T) * (x_rD @ w3_EID[e].T)
-        out_RD.append(h_rI @ w2_EDI[e].T)
-    return torch.cat(out_RD, dim=0)
+def _loop_experts(
+    w1_EID, w2_EDI, w3_EID, x_RD, num_tokens_per_expert_E, rank_R=None
+) -> torch.Tensor:
+    """rank_R: as for _grouped_mm_experts."""
+
+    def run(x_RD: torch.Tensor) -> torch.Tensor:
+        splits = _reader.expert_splits(num_tokens_per_expert_E, x_RD.shape[0])
+        out_RD = []
+        for e, x_rD in enumerate(torch.split(x_RD, splits, dim=0)):
+            h_rI = F.silu(x_rD @ w1_EID[e].T) * (x_rD @ w3_EID[e].T)
+            out_RD.append(h_rI @ w2_EDI[e].T)
+        return torch.cat(out_RD, dim=0)
+
+    return in_expert_order(run, x_RD, rank_R)
 
 
-def _grouped_mm_experts(w1_EID, w2_EDI, w3_EID, x_RD, num_tokens_per_expert_E) -> torch.Tensor:
-    x_PD, dest_R, offs_E = pad_by_expert(x_RD, num_tokens_per_expert_E)
+def in_expert_order(run, x_RD: torch.Tensor, rank_R: torch.Tensor | None) -> torch.Tensor:
+    """run(rows sorted by expert) on rows in any order, row i being the rank_R[i]-th in expert
+    order (None: already sorted); the outputs come back in the input's order."""
+    if rank_R is None:
+        return run(x_RD)
+    order_R = inverse_permutation(rank_R)
+    return permute_rows(run(permute_rows(x_RD, order_R, rank_R)), rank_R, order_R)
+
+
+def _grouped_mm_experts(
+    w1_EID, w2_EDI, w3_EID, x_RD, num_tokens_per_expert_E, rank_R=None
+) -> torch.Tensor:
+    """x_RD sorted by expert, or in any order given rank_R (row i is the rank_R[i]-th in expert
+    order): the rows then go into and come out of the padded groups in one move each way."""
+    x_PD, dest_R, offs_E = pad_by_expert(x_RD, num_tokens_per_expert_E, rank_R)
     gate_PI = torch._grouped_mm(x_PD, w1_EID.transpose(-2, -1), offs=offs_E)
     up_PI = torch._grouped_mm(x_PD, w3_EID.transpose(-2, -1), offs=offs_E)
     h_PI = F.silu(gate_PI) * up_PI
@@ -147,15 +167,18 @@ def _grouped_mm_experts(w1_EID, w2_EDI, w3_EID, x_RD, num_tokens_per_expert_E) -
 
 
 def pad_by_expert(
-    x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor
+    x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor, rank_R: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows sorted by expert, copied into groups padded to GROUP_ALIGN_ROWS for the grouped
-    GEMM: (x_PD, destination row of each input row, int32 group end offsets).
+    """Rows sorted by expert (or ranked in expert order by rank_R), copied into groups padded to
+    GROUP_ALIGN_ROWS for the grouped GEMM: (x_PD, destination row of each input row, int32
+    group end offsets).
 
     The padded size is static (R + E * (align - 1), rounded up to the alignment: float8's
     column-major copies need 16-byte strides), so no host sync; rows past offs[-1] are ignored
     by the kernel and never read back."""
     dest_R, offs_E = _padded_layout(num_tokens_per_expert_E, x_RD.shape[0])
+    if rank_R is not None:
+        dest_R = dest_R[rank_R]
     n_padded = x_RD.shape[0] + num_tokens_per_expert_E.shape[0] * (GROUP_ALIGN_ROWS - 1)
     n_padded = -(-n_padded // GROUP_ALIGN_ROWS) * GROUP_ALIGN_ROWS
     return scatter_rows(x_RD, dest_R, n_padded), dest_R, offs_E

@@ -34,6 +34,7 @@ from torchtitan_ablate.distributed.expert_parallel import ExpertParallelExperts
 from torchtitan_ablate.models.common.experts import (
     GroupedExperts,
     count_reader,
+    in_expert_order,
     pad_by_expert,
     use_grouped_mm,
 )
@@ -171,15 +172,17 @@ def lora_experts(
     weights: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
     x_RD: torch.Tensor,
     counts_E: torch.Tensor,
+    rank_R: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """SwiGLU experts with adapters. weights[w] = (base [E, out, in], A [E, r, in], B [E, out, r])
-    for w in w1 (gate), w3 (up), w2 (down); the same exact paths as GroupedExperts."""
+    for w in w1 (gate), w3 (up), w2 (down); the same exact paths as GroupedExperts (rank_R as
+    there: rows in any order, with their rank in expert order)."""
     grouped = experts.force_grouped_mm
     if grouped is None:
         grouped = use_grouped_mm(x_RD)
     drop, scale = experts.lora_dropout, experts.scale
     if grouped:
-        x_PD, dest_R, offs_E = pad_by_expert(x_RD, counts_E)
+        x_PD, dest_R, offs_E = pad_by_expert(x_RD, counts_E, rank_R)
 
         def proj(x: torch.Tensor, w: str) -> torch.Tensor:
             base, a, b = weights[w]
@@ -195,17 +198,20 @@ def lora_experts(
         h_PI = F.silu(proj(x_PD, "w1")) * proj(x_PD, "w3")
         return gather_rows(proj(h_PI, "w2"), dest_R)
 
-    out_RD = []
-    splits = count_reader().expert_splits(counts_E, x_RD.shape[0])
-    for e, x_rD in enumerate(torch.split(x_RD, splits, dim=0)):
+    def run(x_RD: torch.Tensor) -> torch.Tensor:
+        out_RD = []
+        splits = count_reader().expert_splits(counts_E, x_RD.shape[0])
+        for e, x_rD in enumerate(torch.split(x_RD, splits, dim=0)):
 
-        def proj_e(x: torch.Tensor, w: str, e: int = e) -> torch.Tensor:
-            base, a, b = weights[w]
-            return x @ base[e].T + scale * ((drop(x) @ a[e].T) @ b[e].T)
+            def proj_e(x: torch.Tensor, w: str, e: int = e) -> torch.Tensor:
+                base, a, b = weights[w]
+                return x @ base[e].T + scale * ((drop(x) @ a[e].T) @ b[e].T)
 
-        h_rI = F.silu(proj_e(x_rD, "w1")) * proj_e(x_rD, "w3")
-        out_RD.append(proj_e(h_rI, "w2"))
-    return torch.cat(out_RD, dim=0)
+            h_rI = F.silu(proj_e(x_rD, "w1")) * proj_e(x_rD, "w3")
+            out_RD.append(proj_e(h_rI, "w2"))
+        return torch.cat(out_RD, dim=0)
+
+    return in_expert_order(run, x_RD, rank_R)
 
 
 class LoRAExpertParallelExperts(ExpertParallelExperts):
@@ -214,9 +220,11 @@ class LoRAExpertParallelExperts(ExpertParallelExperts):
     scale: float
     lora_dropout: nn.Module
 
-    def _local_experts(self, x_ND: torch.Tensor, counts_L: torch.Tensor) -> torch.Tensor:
+    def _local_experts(
+        self, x_ND: torch.Tensor, counts_L: torch.Tensor, rank_N: torch.Tensor
+    ) -> torch.Tensor:
         local = {w: tuple(_local(t) for t in ws) for w, ws in _weights(self).items()}
-        return lora_experts(self, local, x_ND, counts_L)
+        return lora_experts(self, local, x_ND, counts_L, rank_N)
 
 
 def make_ep_lora_experts(model: nn.Module) -> None:
