@@ -100,8 +100,9 @@ KERNEL_CLASSES = (  # first match wins; names as CUDA kernels appear in the prof
     ("collective", ("nccl",)),
     ("optimizer", ("adam", "multi_tensor")),
     ("matmul", ("gemm", "sm90_xmma", "cutlass", "nvjet", "cublas", "_mm_", "matmul")),
-    ("copy/cast", ("copy", "memcpy", "memset", "cat", "fill")),
+    # Before copy/cast: inductor names fused kernels after their ops ("..._to_copy_add_...").
     ("triton (fused)", ("triton",)),
+    ("copy/cast", ("copy", "memcpy", "memset", "cat", "fill")),
 )
 
 
