@@ -152,6 +152,16 @@ class Launched:
             self.proc.wait()
 
 
+def _same_run(command_a: str, command_b: str) -> bool:
+    """The same run but for where it writes: a study folder copied or moved (or reached by
+    another path) keeps its finished runs under --resume."""
+
+    def key(command: str) -> list[str]:
+        return [t for t in shlex.split(command) if not t.startswith("--job.dump_folder=")]
+
+    return key(command_a) == key(command_b)
+
+
 def run_all(plan: dict, out: Path, resume: bool, timeout: float = 0.0) -> None:
     """Runs every valid variant x seed (up to plan["side_by_side"] at a time, each on its own
     GPUs); a failed run is recorded and the rest go on. Ctrl-C or SIGTERM: the runs in flight
@@ -161,11 +171,13 @@ def run_all(plan: dict, out: Path, resume: bool, timeout: float = 0.0) -> None:
     queue = []
     for i, (variant, run) in enumerate(todo, 1):
         label = f"[{i}/{len(todo)}] {variant['name']} seed {run['seed']}"
-        status = read_status(out / run["dir"])
-        if resume and status and status["status"] == "ok" and status["command"] == run["command"]:
+        status = read_status(out / run["dir"]) if resume else None
+        if status and status["status"] == "ok" and _same_run(status["command"], run["command"]):
             print(f"{label}: finished before, skipped (--resume)", flush=True)
-        else:
-            queue.append((label, variant["layout"]["steps"], run))
+            continue
+        if status and status["status"] == "ok":
+            print(f"{label}: finished before with other arguments, run again", flush=True)
+        queue.append((label, variant["layout"]["steps"], run))
     gpus = visible_gpus() if side_by_side > 1 else None
     free = list(gpus or [])
     running: list[Launched] = []

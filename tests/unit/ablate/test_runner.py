@@ -83,6 +83,26 @@ def test_one_at_a_time_by_default(tmp_path, monkeypatch):
     assert ran["v0"]["gpus"] == ran["v1"]["gpus"] == "2,3"  # the runner's own, untouched
 
 
+def test_resume_skips_runs_finished_in_a_moved_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    plan = _plan(tmp_path, [1, 1])
+    runs = [v["runs"][0] for v in plan["variants"]]
+    for run in runs:
+        run["command"] += f" --job.dump_folder={tmp_path}/old/{run['dir']}"
+    schedule.run_all(plan, tmp_path, resume=False)
+    (tmp_path / "ran.jsonl").unlink()
+    # The folder was copied elsewhere (the dump paths change); v1 also changed an argument.
+    for run in runs:
+        run["command"] = run["command"].replace("/old/", "/new/")
+    runs[1]["command"] += " --training.steps=2"
+    capsys.readouterr()
+    schedule.run_all(plan, tmp_path, resume=True)
+    out = capsys.readouterr().out
+    assert "v0 seed 0: finished before, skipped (--resume)" in out
+    assert "v1 seed 0: finished before with other arguments, run again" in out
+    assert set(_ran(tmp_path)) == {"v1"}
+
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_side_by_side_note_in_report(n):
     from torchtitan_ablate.ablate.markdown import side_by_side_note
