@@ -14,7 +14,7 @@ Shape legend: T tokens, K top_k, R = T*K routed rows (sorted by expert), D model
 hidden dim, E experts, P padded rows, W ep degree.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -144,7 +144,9 @@ def _loop_experts(
     return in_expert_order(run, x_RD, rank_R)
 
 
-def in_expert_order(run, x_RD: torch.Tensor, rank_R: torch.Tensor | None) -> torch.Tensor:
+def in_expert_order(
+    run: Callable[[torch.Tensor], torch.Tensor], x_RD: torch.Tensor, rank_R: torch.Tensor | None
+) -> torch.Tensor:
     """run(rows sorted by expert) on rows in any order, row i being the rank_R[i]-th in expert
     order (None: already sorted); the outputs come back in the input's order."""
     if rank_R is None:
