@@ -47,6 +47,12 @@ LAYOUTS = {
     "ep2": (2, [P + "expert_parallel_degree", "2"]),
     "ep4": (4, [P + "expert_parallel_degree", "4"]),
     "ep2_efsdp2": (4, [P + "expert_parallel_degree", "2"]),
+    # Token dispatch, over efsdp 2 and under full AC (its recompute repeats the dispatch).
+    "ep2_efsdp2_tokens_ac_full": (
+        4,
+        [P + "expert_parallel_degree", "2", P + "expert_parallel_dispatch", "tokens"]
+        + [AC, "full"],
+    ),
     "hsdp2x2_ep2": (
         4,
         [P + "data_parallel_replicate_degree", "2", P + "expert_parallel_degree", "2"],

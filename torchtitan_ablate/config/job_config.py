@@ -246,6 +246,11 @@ class Parallelism:
     expert_parallel_degree: int = 1
     """Ranks routed experts are split over (borrowed from dp_shard * cp)."""
 
+    expert_parallel_dispatch: Literal["rows", "tokens"] = "rows"
+    """How expert parallel moves tokens: rows sends each token once per chosen expert (top_k
+    rows); tokens sends it once to each rank holding one of its experts and sums there (as
+    DeepEP; 2.2x fewer bytes at top-8 of 128 experts over 4 ranks)."""
+
     fsdp_cpu_offload: bool = False
     """Keep sharded parameters, gradients and optimizer state in CPU memory (FSDP2 offload).
     CUDA only, and FSDP must be applied: more than one rank or bf16 parameters."""

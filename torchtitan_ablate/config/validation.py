@@ -51,7 +51,21 @@ def validate(config: JobConfig) -> None:
         _check_float8(config.float8)
     if config.lora.enable:
         _check_lora(config.lora)
+    _check_ep_dispatch(config)
     _check_dpo(config)
+
+
+def _check_ep_dispatch(config: JobConfig) -> None:
+    if config.parallelism.expert_parallel_dispatch == "rows":
+        return
+    key = "parallelism.expert_parallel_dispatch = 'tokens'"
+    ep = config.parallelism.expert_parallel_degree
+    _require(ep > 1, f"{key} needs parallelism.expert_parallel_degree > 1 (it is {ep})")
+    _require(
+        not (config.lora.enable and "experts" in config.lora.target_modules),
+        f"{key} with LoRA on the experts (lora.target_modules has 'experts'): the adapters run "
+        "with row dispatch only; set expert_parallel_dispatch = 'rows'",
+    )
 
 
 def _require(ok: bool, msg: str) -> None:

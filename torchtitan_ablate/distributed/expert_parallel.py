@@ -17,9 +17,11 @@ calls forward, which here is:
               (one move each way, no separate permutation to expert order)
     combine   all-to-all back with the splits reversed
 
-A deduplicated dispatch (each token sent once per destination rank, not once per expert, then
-expanded and summed on the receiver) moves 2.2x fewer rows but ran 29% slower per step on 4 H200s
-(docs/LOG.md, 2026-11-27): the receiver's expansion and sums cost more than the saved transfer.
+Token dispatch (ep_token_dispatch.py, `parallelism.expert_parallel_dispatch = "tokens"`) sends
+each token once per destination rank instead and sums on the receiver: 2.2x fewer rows at top-8
+of 128 over 4 ranks. A first version of it ran 29% slower per step on 4 H200s (docs/LOG.md,
+2026-11-27), its expansions and sums costing more than the saved transfer; the current one moves
+rows in single passes like this file.
 
 Gradients: the trainer's loss on each rank is its local sum / the global token count and FSDP
 sums gradients, so the expert gradient that the backward all-to-all delivers (the contributions
@@ -50,8 +52,14 @@ from torchtitan_ablate.models.common.experts import (
 )
 
 
-def apply_ep(model: nn.Module, ep_mesh: DeviceMesh) -> None:
-    """Shards every MoE block's routed experts over the 1-D `ep_mesh` and installs dispatch.
+def apply_ep(
+    model: nn.Module,
+    ep_mesh: DeviceMesh,
+    experts_class: "type[ExpertParallelExperts] | None" = None,
+) -> None:
+    """Shards every MoE block's routed experts over the 1-D `ep_mesh` and installs dispatch:
+    `experts_class` (default ExpertParallelExperts, row dispatch; ep_token_dispatch.py's
+    TokenDispatchExperts sends each token once per rank).
 
     Runs before AC / compile / FSDP, on the meta-device model (or a real one: every rank must
     then hold the same weights, since the shards are scattered from rank 0).
@@ -71,7 +79,7 @@ def apply_ep(model: nn.Module, ep_mesh: DeviceMesh) -> None:
         for name, param in list(experts.named_parameters(recurse=False)):
             sharded = distribute_tensor(param.data, ep_mesh, [Shard(0)])
             experts.register_parameter(name, nn.Parameter(sharded, param.requires_grad))
-        experts.__class__ = ExpertParallelExperts
+        experts.__class__ = experts_class or ExpertParallelExperts
         experts.ep_mesh = ep_mesh
 
 

@@ -7,7 +7,8 @@ routing only through expert parallel's dispatch (without EP every rank runs all 
 whatever the split). So the estimate assumes:
 
 - balanced routing: every expert gets T * K / E rows, every EP rank receives as many rows as it
-  sends (R = T * K);
+  sends (R = T * K; under token dispatch T * W * (1 - C(E - L, K) / C(E, K)) token rows, the
+  chance that a token has an expert on a given rank of W, L = E / W experts each);
 - with `memory_estimation.ep_imbalance = F`, the modelled rank (rank 0) is the busiest EP rank
   and receives F * R rows (it sends R as usual).
 
@@ -15,6 +16,7 @@ The CPU estimate is checked against real gloo ranks running under the same force
 (validate.py), so both see the same shapes.
 """
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -46,6 +48,23 @@ class BalancedCounts(CountReader):
         # Made inside the fake mode: a shape-only stand-in, real on real ranks (validate.py).
         forced_WL = torch.tensor(blocks, device=recv_WL.device).view(n_ranks, n_local)
         return even_splits(n_rows, n_ranks), recv_splits, forced_WL
+
+    def ep_token_splits(
+        self, rows_W: torch.Tensor, recv_WC: torch.Tensor, n_tokens: int, top_k: int
+    ) -> tuple[list[int], list[int], int, torch.Tensor]:
+        n_ranks, n_local = recv_WC.shape[0], recv_WC.shape[1] - 1
+        n_experts = n_ranks * n_local
+        # A token goes to a rank when one of its top_k (distinct, uniform) experts lives there.
+        reach = 1 - math.comb(n_experts - n_local, top_k) / math.comb(n_experts, top_k)
+        # The same count each way between every pair of ranks, so real ranks (validate.py)
+        # agree on every split.
+        per_rank = round(n_tokens * reach)
+        send = [per_rank] * n_ranks
+        recv = even_splits(round(per_rank * n_ranks * self.ep_imbalance), n_ranks)
+        pairs = round(n_tokens * top_k * self.ep_imbalance)
+        blocks = even_splits(pairs, n_experts)
+        forced_WL = torch.tensor(blocks, device=recv_WC.device).view(n_ranks, n_local)
+        return send, recv, pairs, forced_WL
 
 
 @contextmanager

@@ -18,6 +18,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from tests.dist_utils import run_distributed
+from torchtitan_ablate.distributed.ep_token_dispatch import TokenDispatchExperts
 from torchtitan_ablate.distributed.expert_parallel import _rank_in_expert_order, apply_ep
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.models.common.experts import CountReader, GroupedExperts, read_counts_with
@@ -84,28 +85,38 @@ class _RecordingReader(CountReader):
         self.sent = sum(splits[0])
         return splits
 
+    def ep_token_splits(self, rows_W, recv_WC, n_tokens, top_k):
+        splits = super().ep_token_splits(rows_W, recv_WC, n_tokens, top_k)
+        self.sent = sum(splits[0])
+        return splits
 
-def _ep_rank(efsdp: int) -> list[dict]:
+
+def _ep_rank(efsdp: int, tokens: bool = False, grouped: bool = False) -> list[dict]:
     """All routing cases on one set of ranks; one dict per case."""
     world = dist.get_world_size()
     pd = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, ep=world // efsdp, world_size=world)
     pd.build_meshes("cpu")
-    return [_ep_case(pd, case, efsdp) for case in CASES]
+    return [_ep_case(pd, case, efsdp, tokens, grouped) for case in CASES]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-def _ep_case(pd: ParallelDims, case: str, efsdp: int) -> dict:
+def _ep_case(
+    pd: ParallelDims, case: str, efsdp: int, tokens: bool = False, grouped: bool = False
+) -> dict:
     """On each rank: the EP (optionally + FSDP over efsdp) layer's results against reference,
     in float64."""
     world, rank = dist.get_world_size(), dist.get_rank()
     moe, x_BSD = _layer_and_batch(world, case)
-    moe, x_BSD = moe.double(), x_BSD.double()
+    # The grouped GEMM (CUDA's path, forced here on CPU) takes no float64.
+    dtype = torch.float32 if grouped else torch.float64
+    moe, x_BSD = moe.to(dtype), x_BSD.to(dtype)
     ref_out, ref_dx, ref_grads = _reference(moe, x_BSD)
+    moe.experts.force_grouped_mm = grouped or None
 
-    apply_ep(_OneLayer(moe), pd.mesh("ep"))
+    apply_ep(_OneLayer(moe), pd.mesh("ep"), TokenDispatchExperts if tokens else None)
     if efsdp > 1:
         fully_shard(moe.experts, mesh=pd.mesh("efsdp"))
         # Sum gradients as the trainer does; gloo has no PREMUL_SUM, which divide factor 1.0
@@ -122,8 +133,13 @@ def _ep_case(pd: ParallelDims, case: str, efsdp: int) -> dict:
     router_grad = moe.router.gate.weight.grad.clone()
     dist.all_reduce(router_grad)  # each rank holds its tokens' share
 
-    # Every (token, k) row goes out once: the dispatch's one host read saw all of them.
-    routed = x_bSD.shape[0] * x_bSD.shape[1] * moe.top_k
+    # Every (token, k) row goes out once (token dispatch: every (rank, token) pair with an
+    # expert there): the dispatch's one host read saw all of them.
+    with torch.no_grad():
+        experts_TK = moe.router(x_bSD.reshape(-1, DIM), moe.expert_bias)[2]
+    dest_TK = experts_TK // (EXPERTS // pd.ep)
+    distinct = sum(len(set(row.tolist())) for row in dest_TK)
+    routed = distinct if tokens else experts_TK.numel()
 
     # Re-initialising the sharded experts gives the plain layer's initial weights.
     torch.manual_seed(1)
@@ -151,12 +167,12 @@ def _ep_case(pd: ParallelDims, case: str, efsdp: int) -> dict:
     }
 
 
-def _check(results: list[list[dict]], local_experts: int) -> None:
+def _check(results: list[list[dict]], local_experts: int, tol: float = 1e-5) -> None:
     for per_case in results:
         for case, r in zip(CASES, per_case):
             assert r["case"] == case
-            assert r["out"] < 1e-5 and r["dx"] < 1e-5 and r["init"] == 0, r
-            assert max(r["grads"].values()) < 1e-5, r
+            assert r["out"] < tol and r["dx"] < tol and r["init"] == 0, r
+            assert max(r["grads"].values()) < tol, r
             assert r["sent"][0] == r["sent"][1], r
             assert r["global_shape"][0] == EXPERTS and r["local_experts"] == local_experts
             assert r["starved"] == STARVED[case], r  # the uneven case really happened
@@ -167,12 +183,24 @@ def test_ep_matches_single_process(world: int) -> None:
     _check(run_distributed(_ep_rank, world, 1), EXPERTS // world)
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_token_dispatch_matches_single_process(world: int) -> None:
+    """Each token once per destination rank, summed there: the same outputs and gradients."""
+    _check(run_distributed(_ep_rank, world, 1, True), EXPERTS // world)
+
+
+@pytest.mark.parametrize("tokens", [False, True], ids=["rows", "tokens"])
+def test_ep_grouped_gemm_path_on_cpu(tokens: bool) -> None:
+    """CUDA's path (rows placed into padded groups, grouped GEMM), forced on CPU in float32."""
+    _check(run_distributed(_ep_rank, 2, 1, tokens, True), EXPERTS // 2, tol=1e-4)
+
+
 def test_ep2_with_fsdp2_over_efsdp2() -> None:
     # The resharded local tensor holds 8 / (ep 2 * efsdp 2) experts.
     _check(run_distributed(_ep_rank, 4, 2), EXPERTS // 4)
 
 
-def _gpu_rank() -> list[float]:
+def _gpu_rank(tokens: bool) -> list[float]:
     """EP 2 on NCCL in bf16 (grouped GEMM path) against the same layer without EP."""
     rank = dist.get_rank()
     torch.cuda.set_device(rank)
@@ -184,7 +212,7 @@ def _gpu_rank() -> list[float]:
             moe, x_BSD = _layer_and_batch(2, case)
         moe, x_BSD = moe.to(torch.bfloat16), x_BSD.to(torch.bfloat16)
         ref_out, _, ref_grads = _reference(moe, x_BSD)
-        apply_ep(_OneLayer(moe), pd.mesh("ep"))
+        apply_ep(_OneLayer(moe), pd.mesh("ep"), TokenDispatchExperts if tokens else None)
         rows = slice(2 * rank, 2 * rank + 2)
         out_bSD = moe(x_BSD[rows])
         target = torch.linspace(-1, 1, ref_out.numel(), device="cuda").view_as(ref_out)[rows]
@@ -197,8 +225,9 @@ def _gpu_rank() -> list[float]:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
-def test_ep2_nccl_bf16_grouped_mm() -> None:
-    for errors in run_distributed(_gpu_rank, 2, backend="nccl"):
+@pytest.mark.parametrize("tokens", [False, True], ids=["rows", "tokens"])
+def test_ep2_nccl_bf16_grouped_mm(tokens: bool) -> None:
+    for errors in run_distributed(_gpu_rank, 2, tokens, backend="nccl"):
         assert max(errors) < 2e-2, errors  # relative to the largest entry; bf16
 
 

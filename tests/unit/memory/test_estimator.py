@@ -137,10 +137,17 @@ def test_unsupported_option_is_a_config_error():
         estimate(_config(DENSE, 2, "--parallelism.fsdp_cpu_offload", "true"))
 
 
+TOKENS = ["--parallelism.expert_parallel_dispatch", "tokens"]
+
+
 @pytest.mark.parametrize(
     "base, extra",
-    [(DENSE, []), (MOE, ["--parallelism.expert_parallel_degree", "2"])],
-    ids=["fsdp2_dense", "ep2_moe"],
+    [
+        (DENSE, []),
+        (MOE, ["--parallelism.expert_parallel_degree", "2"]),
+        (MOE, ["--parallelism.expert_parallel_degree", "2", *TOKENS]),
+    ],
+    ids=["fsdp2_dense", "ep2_moe", "ep2_moe_tokens"],
 )
 def test_estimate_matches_real_cpu_ranks(base, extra):
     config = _config(base, 2, *extra)

@@ -9,7 +9,7 @@ from torchtitan_ablate.models.common.experts import (
     GROUP_ALIGN_ROWS,
     _grouped_mm_experts,
     _loop_experts,
-    _padded_layout,
+    padded_layout,
 )
 from torchtitan_ablate.models.common.moe import MoE
 from torchtitan_ablate.models.common.permute import inverse_permutation
@@ -103,9 +103,9 @@ def test_experts_place_unsorted_rows_by_rank(run) -> None:
     torch.testing.assert_close(x.grad, x_ref.grad[rank], rtol=0, atol=0)
 
 
-def test_padded_layout() -> None:
+def testpadded_layout() -> None:
     counts_E = torch.tensor([3, 0, 17, 1])
-    dest_R, offs_E = _padded_layout(counts_E, 21)
+    dest_R, offs_E = padded_layout(counts_E, 21)
     assert offs_E.dtype == torch.int32 and offs_E.tolist() == [16, 16, 48, 64]
     assert dest_R.tolist() == [0, 1, 2] + list(range(16, 33)) + [48]
     assert all(o % GROUP_ALIGN_ROWS == 0 for o in offs_E.tolist())

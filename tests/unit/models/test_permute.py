@@ -7,6 +7,7 @@ from torchtitan_ablate.models.common.permute import (
     combine_rows,
     gather_rows,
     inverse_permutation,
+    move_rows,
     permute_rows,
     repeat_sorted,
     scatter_rows,
@@ -123,3 +124,37 @@ def test_bf16_row_moves_match_float64(device) -> None:
         results.append([t.double() for t in (y, xa.grad, wa.grad)])
     for got, ref in zip(*results):
         torch.testing.assert_close(got, ref, rtol=1e-2, atol=1e-2)
+
+
+def test_masked_combine_and_move_rows_match_indexing() -> None:
+    """Tables with entries that are not real (token dispatch: a row's slots whose expert is on
+    another rank): only real entries count, values and gradients, each written once."""
+    torch.manual_seed(0)
+    tokens, slots, dim, n_rows = 6, 3, 4, 20
+    valid = torch.rand(tokens, slots) < 0.6
+    valid[:, 0] = True  # every token has a real entry
+    real = int(valid.sum())
+    index = torch.full((tokens, slots), -1)
+    index[valid] = torch.randperm(n_rows)[:real]  # real entries read distinct rows
+    index = torch.where(valid, index, index[:, :1])  # the others: the token's first real row
+    t_Y, k_Y = valid.nonzero(as_tuple=True)
+    entries = (t_Y, index[t_Y, k_Y], t_Y * slots + k_Y)
+    rows = torch.randn(n_rows, dim, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(tokens, slots, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(tokens, dim, dtype=torch.float64)
+    (combine_rows(rows, index, w, valid, entries) * g).sum().backward()
+    got = rows.grad, w.grad
+    rows.grad = w.grad = None
+    ref = (rows[index] * (w * valid)[..., None]).sum(1)
+    (ref * g).sum().backward()
+    for a, b in zip(got, (rows.grad, w.grad)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    # move_rows: each real entry's row of out is its token's row; the backward sums them.
+    x = torch.randn(tokens, dim, dtype=torch.float64, requires_grad=True)
+    out = move_rows(x, entries[0], entries[1], n_rows, index, valid)
+    gout = torch.randn(n_rows, dim, dtype=torch.float64)
+    (out * gout).sum().backward()
+    expected = torch.zeros(n_rows, dim, dtype=torch.float64).index_copy(0, entries[1], x[t_Y])
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    ref_grad = (gout[index] * valid[..., None]).sum(1)
+    torch.testing.assert_close(x.grad, ref_grad, rtol=1e-12, atol=1e-12)

@@ -108,6 +108,18 @@ class CountReader:
         send_splits, recv_splits = torch.stack([send_W, recv_WL.sum(1)]).tolist()
         return send_splits, recv_splits, recv_WL
 
+    def ep_token_splits(
+        self, rows_W: torch.Tensor, recv_WC: torch.Tensor, n_tokens: int, top_k: int
+    ) -> tuple[list[int], list[int], int, torch.Tensor]:
+        """Token dispatch's one sync per layer and forward: rows (tokens) this rank sends to /
+        receives from each ep rank, the (row, local expert) pairs it computes, and recv_WL
+        (pairs from source rank w for local expert l). rows_W: rows per destination; recv_WC
+        [W, L + 1]: pairs per local expert, then rows, from each source rank."""
+        recv_WL = recv_WC[:, :-1]
+        host = torch.cat([rows_W, recv_WC[:, -1], recv_WL.sum().view(1)]).tolist()
+        n_ranks = rows_W.shape[0]
+        return host[:n_ranks], host[n_ranks:-1], host[-1], recv_WL
+
 
 _reader = CountReader()
 
@@ -161,11 +173,15 @@ def _grouped_mm_experts(
     """x_RD sorted by expert, or in any order given rank_R (row i is the rank_R[i]-th in expert
     order): the rows then go into and come out of the padded groups in one move each way."""
     x_PD, dest_R, offs_E = pad_by_expert(x_RD, num_tokens_per_expert_E, rank_R)
+    return gather_rows(grouped_mm_swiglu(w1_EID, w2_EDI, w3_EID, x_PD, offs_E), dest_R)
+
+
+def grouped_mm_swiglu(w1_EID, w2_EDI, w3_EID, x_PD, offs_E) -> torch.Tensor:
+    """The experts on rows already in padded groups (int32 group end offsets offs_E)."""
     gate_PI = torch._grouped_mm(x_PD, w1_EID.transpose(-2, -1), offs=offs_E)
     up_PI = torch._grouped_mm(x_PD, w3_EID.transpose(-2, -1), offs=offs_E)
     h_PI = F.silu(gate_PI) * up_PI
-    out_PD = torch._grouped_mm(h_PI, w2_EDI.transpose(-2, -1), offs=offs_E)
-    return gather_rows(out_PD, dest_R)
+    return torch._grouped_mm(h_PI, w2_EDI.transpose(-2, -1), offs=offs_E)
 
 
 def pad_by_expert(
@@ -178,15 +194,20 @@ def pad_by_expert(
     The padded size is static (R + E * (align - 1), rounded up to the alignment: float8's
     column-major copies need 16-byte strides), so no host sync; rows past offs[-1] are ignored
     by the kernel and never read back."""
-    dest_R, offs_E = _padded_layout(num_tokens_per_expert_E, x_RD.shape[0])
+    dest_R, offs_E = padded_layout(num_tokens_per_expert_E, x_RD.shape[0])
     if rank_R is not None:
         dest_R = dest_R[rank_R]
-    n_padded = x_RD.shape[0] + num_tokens_per_expert_E.shape[0] * (GROUP_ALIGN_ROWS - 1)
-    n_padded = -(-n_padded // GROUP_ALIGN_ROWS) * GROUP_ALIGN_ROWS
+    n_padded = padded_rows(x_RD.shape[0], num_tokens_per_expert_E.shape[0])
     return scatter_rows(x_RD, dest_R, n_padded), dest_R, offs_E
 
 
-def _padded_layout(
+def padded_rows(n_rows: int, n_experts: int) -> int:
+    """Rows of the padded buffer of n_rows rows in n_experts groups (see pad_by_expert)."""
+    n_padded = n_rows + n_experts * (GROUP_ALIGN_ROWS - 1)
+    return -(-n_padded // GROUP_ALIGN_ROWS) * GROUP_ALIGN_ROWS
+
+
+def padded_layout(
     num_tokens_per_expert_E: torch.Tensor, n_rows: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Destination row of each sorted row in the padded buffer, and int32 cumulative offsets."""

@@ -16,38 +16,60 @@ import torch
 from torch.autograd import Function
 
 
-class _RepeatSorted(Function):
-    @staticmethod
-    def forward(ctx, x_TD, order_R, inv_R, top_k: int):
-        ctx.save_for_backward(inv_R)
-        ctx.top_k = top_k
-        return x_TD[order_R // top_k]
+class _MoveRows(Function):
+    """out[dest_Y[y]] = x[src_Y[y]] (dest_Y None: out = x[src_Y]); out rows nobody writes are
+    zero. A row of x may be read several times: index_TJ lists, per row t, where its copies
+    landed in out (valid_TJ marks the real entries; None: all), and the backward sums them."""
 
     @staticmethod
-    def backward(ctx, grad_RD):
-        (inv_R,) = ctx.saved_tensors
-        # Row inv_R[t*K + k] holds token t's k-th copy: sum the K copies.
-        return _sum_rows(grad_RD, inv_R.view(-1, ctx.top_k), None), None, None, None
+    def forward(ctx, x_TD, src_Y, dest_Y, n_out: int, index_TJ, valid_TJ):
+        ctx.save_for_backward(index_TJ, valid_TJ)
+        rows_YD = x_TD[src_Y]
+        if dest_Y is None:
+            return rows_YD
+        return rows_YD.new_zeros(n_out, *rows_YD.shape[1:]).index_put((dest_Y,), rows_YD)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        index_TJ, valid_TJ = ctx.saved_tensors
+        return _sum_rows(grad_out, index_TJ, None, valid_TJ), None, None, None, None, None
 
 
 class _CombineRows(Function):
+    """y[t] = sum over the real k of w[t, k] * rows[index[t, k]]. With every entry real the
+    backward works on the [T, K] table; otherwise on the list of real entries (src_Y: their t,
+    dest_Y: their row of rows, slot_Y: t * K + k), so each is computed and written once."""
+
     @staticmethod
-    def forward(ctx, rows_XD, index_TK, w_TK):
-        ctx.save_for_backward(rows_XD, index_TK, w_TK)
-        return _sum_rows(rows_XD, index_TK, w_TK)
+    def forward(ctx, rows_XD, w_TK, index_TK, valid_TK, src_Y, dest_Y, slot_Y):
+        ctx.save_for_backward(rows_XD, w_TK, index_TK, src_Y, dest_Y, slot_Y)
+        ctx.all_real = valid_TK is None
+        return _sum_rows(rows_XD, index_TK, w_TK, valid_TK)
 
     @staticmethod
     def backward(ctx, grad_TD):
-        rows_XD, index_TK, w_TK = ctx.saved_tensors
+        rows_XD, w_TK, index_TK, src_Y, dest_Y, slot_Y = ctx.saved_tensors
         acc = _acc_dtype(grad_TD)
-        grad_SD = (grad_TD.to(acc)[:, None, :] * w_TK.to(acc)[:, :, None]).to(grad_TD.dtype)
-        # index_TK holds no repeats; when it covers every row there is nothing to zero.
-        covers_all = index_TK.numel() == rows_XD.shape[0]
+        # dest_Y holds no repeats; when it covers every row there is nothing to zero.
+        covers_all = dest_Y.numel() == rows_XD.shape[0]
         grad_XD = torch.empty_like(rows_XD) if covers_all else torch.zeros_like(rows_XD)
-        grad_XD = grad_XD.index_put((index_TK.flatten(),), grad_SD.flatten(0, 1))
-        # Each (t, k) reduces one contiguous row: coalesced loads.
-        grad_w_TK = (rows_XD[index_TK].to(acc) * grad_TD.to(acc)[:, None, :]).sum(-1)
-        return grad_XD, None, grad_w_TK.to(w_TK.dtype)
+        grad_w_TK = None
+        if ctx.all_real:
+            grad_SD = (grad_TD.to(acc)[:, None, :] * w_TK.to(acc)[:, :, None]).to(grad_TD.dtype)
+            grad_XD = grad_XD.index_put((index_TK.flatten(),), grad_SD.flatten(0, 1))
+            if ctx.needs_input_grad[1]:
+                # Each (t, k) reduces one contiguous row: coalesced loads.
+                grad_w_TK = (rows_XD[index_TK].to(acc) * grad_TD.to(acc)[:, None, :]).sum(-1)
+                grad_w_TK = grad_w_TK.to(w_TK.dtype)
+            return grad_XD, grad_w_TK, None, None, None, None, None
+        grad_YD = grad_TD[src_Y].to(acc)
+        w_Y = w_TK.flatten()[slot_Y].to(acc)
+        grad_XD = grad_XD.index_put((dest_Y,), (grad_YD * w_Y[:, None]).to(grad_TD.dtype))
+        if ctx.needs_input_grad[1]:
+            grad_w_Y = (rows_XD[dest_Y].to(acc) * grad_YD).sum(-1).to(w_TK.dtype)
+            grad_w_TK = w_TK.new_zeros(w_TK.numel()).index_put((slot_Y,), grad_w_Y)
+            grad_w_TK = grad_w_TK.view_as(w_TK)
+        return grad_XD, grad_w_TK, None, None, None, None, None
 
 
 def _acc_dtype(x: torch.Tensor) -> torch.dtype:
@@ -55,9 +77,14 @@ def _acc_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def _sum_rows(
-    rows_XD: torch.Tensor, index_TK: torch.Tensor, w_TK: torch.Tensor | None
+    rows_XD: torch.Tensor,
+    index_TK: torch.Tensor,
+    w_TK: torch.Tensor | None,
+    valid_TK: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """y[t] = sum_k w[t, k] * rows[index[t, k]] (w = 1 when None), accumulated in float32.
+    """y[t] = sum over the real k (valid_TK; None: all) of w[t, k] * rows[index[t, k]] (w = 1
+    when None), accumulated in float32. Entries that are not real must still index a row (best
+    one of the same t's: its load is then a cache hit).
 
     Written as K pointwise terms, not a reduction over k: inductor fuses them into one kernel
     whose K row loads are each contiguous, where a reduction over k tiles k across a warp's
@@ -68,6 +95,8 @@ def _sum_rows(
         term = rows_XD[index_TK[:, k]].to(acc)
         if w_TK is not None:
             term = term * w_TK[:, k : k + 1].to(acc)
+        if valid_TK is not None:
+            term = torch.where(valid_TK[:, k : k + 1], term, 0.0)
         y_TD = term if y_TD is None else y_TD + term
     return y_TD.to(rows_XD.dtype)
 
@@ -122,7 +151,22 @@ def repeat_sorted(
 ) -> torch.Tensor:
     """x_TD[order_R // top_k]: each token once per chosen expert, in the order `order_R` of the
     flattened (token, k) slots; inv_R = inverse_permutation(order_R)."""
-    return _RepeatSorted.apply(x_TD, order_R, inv_R, top_k)
+    # Row inv_R[t*K + k] holds token t's k-th copy: the backward sums the K copies.
+    return _MoveRows.apply(x_TD, order_R // top_k, None, 0, inv_R.view(-1, top_k), None)
+
+
+def move_rows(
+    x_TD: torch.Tensor,
+    src_Y: torch.Tensor,
+    dest_Y: torch.Tensor | None,
+    n_out: int,
+    index_TJ: torch.Tensor,
+    valid_TJ: torch.Tensor | None,
+) -> torch.Tensor:
+    """out[dest_Y[y]] = x_TD[src_Y[y]] in n_out zero rows (dest_Y None: x_TD[src_Y]); rows of
+    x_TD read several times list their copies' rows of out in index_TJ (valid_TJ marks the real
+    entries), for the backward's sum."""
+    return _MoveRows.apply(x_TD, src_Y, dest_Y, n_out, index_TJ, valid_TJ)
 
 
 def permute_rows(
@@ -142,7 +186,19 @@ def gather_rows(x_PD: torch.Tensor, src_R: torch.Tensor) -> torch.Tensor:
     return _GatherRows.apply(x_PD, src_R)
 
 
-def combine_rows(rows_XD: torch.Tensor, index_TK: torch.Tensor, w_TK: torch.Tensor) -> torch.Tensor:
+def combine_rows(
+    rows_XD: torch.Tensor,
+    index_TK: torch.Tensor,
+    w_TK: torch.Tensor,
+    valid_TK: torch.Tensor | None = None,
+    entries: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """y_TD[t] = sum_k w_TK[t, k] * rows_XD[index_TK[t, k]] in one pass (float32 sums, as a
-    batched matmul would); index_TK holds no repeats, rows it never reads get a zero gradient."""
-    return _CombineRows.apply(rows_XD, index_TK, w_TK)
+    batched matmul would). With valid_TK only its real entries count (the others must still
+    index a row) and `entries` lists them: (t, row of rows_XD, t * K + k) each. Real entries
+    index distinct rows; rows none of them reads get a zero gradient."""
+    if valid_TK is None:  # every entry real: the backward works on the table itself
+        entries = (None, index_TK.flatten(), None)
+    elif entries is None:
+        raise ValueError("combine_rows: entries must list the real entries of valid_TK")
+    return _CombineRows.apply(rows_XD, w_TK, index_TK, valid_TK, *entries)

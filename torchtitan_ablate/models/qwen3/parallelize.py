@@ -23,6 +23,7 @@ from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.distributed.activation_checkpoint import apply_ac
 from torchtitan_ablate.distributed.compile import INDUCTOR, CompileBackend, apply_compile
 from torchtitan_ablate.distributed.context_parallel import apply_cp
+from torchtitan_ablate.distributed.ep_token_dispatch import TokenDispatchExperts
 from torchtitan_ablate.distributed.expert_parallel import apply_ep
 from torchtitan_ablate.distributed.float8 import apply_float8
 from torchtitan_ablate.distributed.fsdp import AccumulationPlan, apply_fsdp, describe_layout
@@ -104,7 +105,8 @@ def parallelize_qwen3(
         apply_float8(model, job_config.float8, device_type, fsdp_enabled=use_fsdp)
 
     if pd.ep_enabled:
-        apply_ep(model, pd.mesh("ep"))
+        tokens = job_config.parallelism.expert_parallel_dispatch == "tokens"
+        apply_ep(model, pd.mesh("ep"), TokenDispatchExperts if tokens else None)
         if lora.enable:
             make_ep_lora_experts(model)
         logger.info(f"expert parallel: experts split over {pd.ep} ranks, sharded over {pd.efsdp}")
