@@ -149,6 +149,29 @@ def test_lora_and_float8_messages(args, message):
     assert message in str(e.value)
 
 
+TOKENS = ["--parallelism.expert_parallel_dispatch", "tokens"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (TOKENS, "needs parallelism.expert_parallel_degree > 1 (it is 1)"),
+        (
+            TOKENS + ["--parallelism.expert_parallel_degree", "2"]
+            + LORA + ["--lora.target_modules", "q_proj,experts"],
+            "with LoRA on the experts (lora.target_modules has 'experts')",
+        ),
+    ],
+    ids=["no_ep", "lora_experts"],
+)  # fmt: skip
+def test_token_dispatch_rules(args, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(args)
+    assert message in str(e.value) and "expert_parallel_dispatch = 'tokens'" in str(e.value)
+    # Token dispatch with EP and LoRA on the dense projections only loads.
+    load_config(TOKENS + ["--parallelism.expert_parallel_degree", "2"] + LORA)
+
+
 def test_default_lora_targets_are_the_dense_projections():
     assert load_config([]).lora.target_modules == DENSE_NAMES
 
