@@ -44,7 +44,8 @@ from torchtitan_ablate.models.common.permute import combine_rows, inverse_permut
 class TokenDispatchExperts(ExpertParallelExperts):
     """ExpertParallelExperts whose route sends each token once per destination rank.
 
-    Made only by `apply_ep(..., dispatch="tokens")` (class swap), like its parent."""
+    Made only by `apply_ep(model, ep_mesh, TokenDispatchExperts)` (a class swap, like its
+    parent's); parallelize_qwen3 passes it for `expert_parallel_dispatch = "tokens"`."""
 
     def route(
         self,
