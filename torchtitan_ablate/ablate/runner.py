@@ -155,6 +155,10 @@ def write_plan(plan: dict, out: Path) -> None:
     for v in plan["variants"]:
         for run in v.get("runs", []):
             run["command"] = shlex.join(run_command(plan, run, out))
+    _save_plan(plan, out)
+
+
+def _save_plan(plan: dict, out: Path) -> None:
     (out / PLAN_FILE).write_text(json.dumps(plan, indent=1) + "\n")
 
 
@@ -179,5 +183,5 @@ def fill_predictions(out: Path, plan: dict, sets: list[str]) -> int:
         if v["memory"]["predicted_peak_gib"] is not None:
             v["memory"]["note"] = "predicted after the runs (--report --estimate)"
         done += 1
-    (out / PLAN_FILE).write_text(json.dumps(plan, indent=1) + "\n")
+    _save_plan(plan, out)
     return done

@@ -43,7 +43,6 @@ class _CombineRows(Function):
     @staticmethod
     def forward(ctx, rows_XD, w_TK, index_TK, valid_TK, src_Y, dest_Y, slot_Y):
         ctx.save_for_backward(rows_XD, w_TK, index_TK, src_Y, dest_Y, slot_Y)
-        ctx.all_real = valid_TK is None
         return _sum_rows(rows_XD, index_TK, w_TK, valid_TK)
 
     @staticmethod
@@ -54,7 +53,7 @@ class _CombineRows(Function):
         covers_all = dest_Y.numel() == rows_XD.shape[0]
         grad_XD = torch.empty_like(rows_XD) if covers_all else torch.zeros_like(rows_XD)
         grad_w_TK = None
-        if ctx.all_real:
+        if src_Y is None:  # every entry real (combine_rows passes no list then)
             grad_SD = (grad_TD.to(acc)[:, None, :] * w_TK.to(acc)[:, :, None]).to(grad_TD.dtype)
             grad_XD = grad_XD.index_put((index_TK.flatten(),), grad_SD.flatten(0, 1))
             if ctx.needs_input_grad[1]:
