@@ -171,6 +171,7 @@ def build_data(
         shuffle_buffer=t.shuffle_buffer,
         dataset_weights=t.dataset_weights,
         max_bad_rows=config.dpo.max_bad_rows,
+        synthetic_doc_len=t.synthetic_doc_len,
     )
     return tokenizer, dataloader
 

@@ -61,6 +61,7 @@ class Validator:
                 pin_memory=device.type == "cuda",
                 data_sharding=training.data_sharding,
                 text_field=training.dataset_text_field,  # held-out data of the same kind
+                synthetic_doc_len=training.synthetic_doc_len,
             )
             self.start = self.loader.state_dict()
         for _ in self._micro_batches():  # bad held-out data fails now, not steps into the run

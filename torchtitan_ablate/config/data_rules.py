@@ -100,6 +100,12 @@ def _check_data_sources(t: Training) -> None:
         f"training.dataset = {t.dataset!r} does not read it: remove it",
     )
     at_least("training.shuffle_buffer", t.shuffle_buffer, 0, " (0 = read in file order)")
+    at_least("training.synthetic_doc_len", t.synthetic_doc_len, 0, " (0 = random lengths)")
+    require(
+        t.dataset == "synthetic" or t.synthetic_doc_len == 0,
+        f"training.synthetic_doc_len = {t.synthetic_doc_len} sets the length of synthetic "
+        f"documents; training.dataset = {t.dataset!r} does not make any: remove it",
+    )
 
 
 def check_validation(v: Validation, training: Training) -> None:

@@ -85,6 +85,12 @@ class Training:
     dataset_weights: list[float] = field(default_factory=list)
     """Mixture weights, one per dataset_path entry, normalized (empty = equal); seeded by seed."""
 
+    synthetic_doc_len: int = 0
+    """Tokens per document of dataset = "synthetic", its EOS included; 0: random lengths in
+    [1, 2 * seq_len] (plus EOS), so a row holds one document or the tails of two. seq_len
+    makes every row exactly one whole document: the same attention work in every step, for
+    throughput studies of long sequences."""
+
     dataset_text_field: str = "text"
     """JSONL key / parquet column holding a document's text (validation data too)."""
 

@@ -183,6 +183,19 @@ def test_synthetic_is_deterministic_and_rank_dependent() -> None:
     assert all(int(r["input_ids"].max()) < BYTE.vocab_size for r in a)
 
 
+def test_synthetic_doc_len_seq_len_fills_each_row_with_one_document() -> None:
+    # Long-sequence throughput studies need the same attention work in every step.
+    for row in rows(loader(None, "synthetic", synthetic_doc_len=16), 6):
+        assert torch.equal(row["document_ids"], torch.zeros(16, dtype=torch.long))
+        assert torch.equal(row["positions"], torch.arange(16))
+        assert int(row["input_ids"][-1]) == EOS and EOS not in row["input_ids"][:-1].tolist()
+    # Shorter documents: each doc_len tokens, its EOS the last.
+    ids = torch.cat(
+        [r["input_ids"] for r in rows(loader(None, "synthetic", synthetic_doc_len=4), 4)]
+    )
+    assert (ids == EOS).nonzero().flatten().tolist() == list(range(3, 64, 4))
+
+
 def take(it, n: int) -> list[dict[str, torch.Tensor]]:
     return list(itertools.islice(it, n))
 

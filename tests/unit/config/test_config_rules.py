@@ -45,6 +45,8 @@ EXIT = ["--checkpoint.enable", "true", "--training.steps", "5", "--training.exit
         (["--validation.enable", "true"], "needs validation.dataset_path"),
         (["--validation.freq", "0"], "validation.freq"),
         (["--training.dataset", "synthetic", "--validation.dataset_path", "x"], "is not read"),
+        (["--training.synthetic_doc_len", "64"], "does not make any"),
+        (["--training.dataset", "synthetic", "--training.synthetic_doc_len", "-1"], "doc_len"),
         (["--validation.steps", "0"], "validation.steps"),
         (["--validation.local_batch_size", "0"], "validation.local_batch_size"),
         (LORA + ["--lora.rank", "0"], "lora.rank"),

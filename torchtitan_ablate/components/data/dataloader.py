@@ -55,12 +55,13 @@ def build_dataloader(
     shuffle_buffer: int = 0,
     dataset_weights: list[float] | None = None,
     max_bad_rows: int = 0,
+    synthetic_doc_len: int = 0,
 ) -> StatefulDataLoader:
     """Build this dp rank's infinite loader. dataset_path: a .txt/.jsonl/.parquet file or folder,
     or (text) a list of them mixed by dataset_weights (empty: equal); chat: .jsonl conversations,
     see sft.py; preference: .jsonl pairs for DPO, see preference.py (max_bad_rows: rows skipped
     before the first bad row is an error). shuffle_buffer: documents in the shuffle buffer (0 =
-    read in order)."""
+    read in order). synthetic_doc_len: tokens per synthetic document with its EOS (0: random)."""
     # The user-facing rules on these values live in config/validation.py (load_config).
     modes = SFT_PACKING_MODES if dataset in ("chat", "preference") else PACKING_MODES
     assert dataset in DATASETS and packing in modes, (dataset, packing)
@@ -82,7 +83,7 @@ def build_dataloader(
         _check_up_front(pairs)
         source = pairs
     elif dataset == "synthetic":
-        source = SyntheticDocuments(tokenizer.vocab_size, seq_len, seed)
+        source = SyntheticDocuments(tokenizer.vocab_size, seq_len, seed, synthetic_doc_len)
     elif isinstance(dataset_path, list):
         parts = [_text_source(p, tokenizer, text_field) for p in dataset_path]
         source = MixedDocuments(parts, dataset_weights or [1.0] * len(parts), seed)

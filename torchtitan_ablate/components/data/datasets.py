@@ -41,13 +41,15 @@ logger = logging.getLogger("torchtitan_ablate")
 
 
 class SyntheticDocuments:
-    """Random-token documents of random length in [1, 2 * seq_len]; never ends.
+    """Random-token documents of random length in [1, 2 * seq_len]; never ends. doc_len > 0:
+    every document doc_len - 1 tokens (the packer's EOS makes doc_len).
 
     Document k of shard s is a pure function of (seed, s, k), so the state is just k.
     """
 
-    def __init__(self, vocab_size: int, seq_len: int, seed: int) -> None:
+    def __init__(self, vocab_size: int, seq_len: int, seed: int, doc_len: int = 0) -> None:
         self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
+        self.doc_len = doc_len
         self.shard, self.num_shards = 0, 1
         self.doc_idx = 0
 
@@ -59,7 +61,10 @@ class SyntheticDocuments:
             key = f"{self.seed}/{self.shard}/{self.num_shards}/{self.doc_idx}".encode()
             seed = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
             gen = torch.Generator().manual_seed(seed)
-            length = int(torch.randint(1, 2 * self.seq_len + 1, (1,), generator=gen))
+            if self.doc_len > 0:
+                length = self.doc_len - 1
+            else:
+                length = int(torch.randint(1, 2 * self.seq_len + 1, (1,), generator=gen))
             self.doc_idx += 1  # advance before yielding: state always means "consumed"
             yield torch.randint(0, self.vocab_size, (length,), generator=gen).tolist()
 
