@@ -51,6 +51,12 @@ def test_unknown_override_key_names_variant_and_key(tmp_path, capsys):
     # Without --dry-run nothing runs unless --skip-invalid.
     assert ablate_cli.main([str(path), "--no-estimate", "--out", str(tmp_path / "o")]) == 2
     assert not (tmp_path / "o").exists()
+    # --only leaves the invalid variant out; a name that is no variant is one line.
+    assert ablate_cli.main([str(path), "--dry-run", "--no-estimate", "--only", "plain"]) == 0
+    capsys.readouterr()
+    assert ablate_cli.main([str(path), "--dry-run", "--no-estimate", "--only", "plain,fuse"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["ablation error: --only plain,fuse: no variant fuse; the variants: plain, fused"]
 
 
 @pytest.mark.parametrize("sharding", ["documents", "rows"])

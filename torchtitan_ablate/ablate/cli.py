@@ -5,6 +5,7 @@
     ttablate-ablate ABLATION.toml --dry-run      # validate + predict memory, no training
     ttablate-ablate ABLATION.toml --resume       # skip runs that finished before
     ttablate-ablate ABLATION.toml --side-by-side 4   # 1-GPU runs 4 at a time on a 4-GPU node
+    ttablate-ablate ABLATION.toml --resume --only a,b   # a study in parts: these variants now
     ttablate-ablate --report OUT                 # rebuild the report from finished runs
     ttablate-ablate --report OUT --estimate      # add predictions skipped by --no-estimate
 
@@ -47,6 +48,9 @@ def parse_args(argv: list[str], prog: str = PROG) -> argparse.Namespace:
                    "for the fits verdict)")  # fmt: skip
     p.add_argument("--skip-invalid", action="store_true",
                    help="run the valid variants even if others fail validation")  # fmt: skip
+    p.add_argument("--only", metavar="NAMES",
+                   help="run only these variants (comma-separated); the others keep what an "
+                   "earlier call left in --out (a study in parts: with --resume)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=0.0, help="seconds per run (0 = none)")
     p.add_argument("--side-by-side", type=int, default=1, metavar="N",
                    help="run up to N runs at a time, each on its own GPUs of this node "
@@ -97,6 +101,18 @@ def print_plan(plan: dict) -> None:
             print(f"error: {v['error']}")
 
 
+def _only(names: str | None, plan: dict) -> set[str] | str | None:
+    """--only's variant names, or the error line naming the unknown ones."""
+    if names is None:
+        return None
+    chosen = {n.strip() for n in names.split(",") if n.strip()}
+    known = [v["name"] for v in plan["variants"]]
+    if chosen and chosen <= set(known):
+        return chosen
+    unknown = ", ".join(sorted(chosen - set(known))) or repr(names)
+    return f"--only {names}: no variant {unknown}; the variants: {', '.join(known)}"
+
+
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv, prog)
@@ -144,7 +160,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             "with a varying number of others, so compare their tokens/s with care (a scaling "
             "study runs one at a time)"
         )
-    invalid = [v for v in plan["variants"] if v["error"]]
+    only = _only(args.only, plan)
+    if isinstance(only, str):
+        print(f"ablation error: {only}", file=sys.stderr)
+        return 2
+    invalid = [v for v in plan["variants"] if v["error"] and (only is None or v["name"] in only)]
     if args.dry_run or (invalid and not args.skip_invalid):
         if invalid and not args.dry_run:
             print("not running: fix the variants above or pass --skip-invalid", file=sys.stderr)
@@ -153,7 +173,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     plan["side_by_side"] = args.side_by_side
     write_plan(plan, out)
     try:
-        run_all(plan, out, args.resume, args.timeout)
+        run_all(plan, out, args.resume, args.timeout, only)
     except Stopped as e:
         write_report(out)
         print(

@@ -162,12 +162,15 @@ def _same_run(command_a: str, command_b: str) -> bool:
     return key(command_a) == key(command_b)
 
 
-def run_all(plan: dict, out: Path, resume: bool, timeout: float = 0.0) -> None:
-    """Runs every valid variant x seed (up to plan["side_by_side"] at a time, each on its own
-    GPUs); a failed run is recorded and the rest go on. Ctrl-C or SIGTERM: the runs in flight
-    are stopped and recorded, then Stopped is raised."""
+def run_all(
+    plan: dict, out: Path, resume: bool, timeout: float = 0.0, only: set[str] | None = None
+) -> None:
+    """Runs every valid variant x seed (only: of these variants; up to plan["side_by_side"] at a
+    time, each on its own GPUs); a failed run is recorded and the rest go on. Ctrl-C or
+    SIGTERM: the runs in flight are stopped and recorded, then Stopped is raised."""
     side_by_side = plan.get("side_by_side", 1)
-    todo = [(v, r) for v in plan["variants"] if not v["error"] for r in v["runs"]]
+    chosen = [v for v in plan["variants"] if only is None or v["name"] in only]
+    todo = [(v, r) for v in chosen if not v["error"] for r in v["runs"]]
     queue = []
     for i, (variant, run) in enumerate(todo, 1):
         label = f"[{i}/{len(todo)}] {variant['name']} seed {run['seed']}"

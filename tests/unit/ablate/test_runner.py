@@ -103,6 +103,13 @@ def test_resume_skips_runs_finished_in_a_moved_folder(tmp_path, monkeypatch, cap
     assert set(_ran(tmp_path)) == {"v1"}
 
 
+def test_only_runs_the_named_variants(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    schedule.run_all(_plan(tmp_path, [1, 1, 1]), tmp_path, resume=False, only={"v0", "v2"})
+    assert set(_ran(tmp_path)) == {"v0", "v2"}
+    assert not (tmp_path / "runs" / "v1").exists()
+
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_side_by_side_note_in_report(n):
     from torchtitan_ablate.ablate.markdown import side_by_side_note
