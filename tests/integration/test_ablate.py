@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from torchtitan_ablate.ablate.cli import _study_command
+
 ROOT = Path(__file__).resolve().parents[2]
 ABLATIONS = sorted((ROOT / "train_configs" / "ablations").glob("*.toml"))
 spec = importlib.util.spec_from_file_location("ablate_cli", ROOT / "scripts" / "ablate.py")
@@ -57,6 +59,12 @@ def test_unknown_override_key_names_variant_and_key(tmp_path, capsys):
     assert ablate_cli.main([str(path), "--dry-run", "--no-estimate", "--only", "plain,fuse"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["ablation error: --only plain,fuse: no variant fuse; the variants: plain, fused"]
+
+
+def test_report_command_is_the_whole_study(tmp_path):
+    # A study run in parts (--resume --only ...) reports the command that runs all of it.
+    argv = ["x.toml", "--resume", "--only", "a,b", "--only=c", "--set", "training.steps=3"]
+    assert _study_command(argv) == ["x.toml", "--set", "training.steps=3"]
 
 
 @pytest.mark.parametrize("sharding", ["documents", "rows"])

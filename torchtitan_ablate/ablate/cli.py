@@ -101,6 +101,20 @@ def print_plan(plan: dict) -> None:
             print(f"error: {v['error']}")
 
 
+def _study_command(argv: list[str]) -> list[str]:
+    """argv without --resume and --only: the report's command reproduces the whole study,
+    however many calls it took."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--only":
+            skip = True
+        elif arg != "--resume" and not arg.startswith("--only="):
+            out.append(arg)
+    return out
+
+
 def _only(names: str | None, plan: dict) -> set[str] | str | None:
     """--only's variant names, or the error line naming the unknown ones."""
     if names is None:
@@ -150,7 +164,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     except AblationError as e:
         print(f"ablation error: {e}", file=sys.stderr)
         return 2
-    command = [*prog.split(), *argv]
+    command = [*prog.split(), *_study_command(argv)]
     plan = make_plan(spec, ablation, args.ngpu, sets, command, not args.no_estimate)
     print_plan(plan)
     ngpus = {r["ngpu"] for v in plan["variants"] if not v["error"] for r in v["runs"]}
