@@ -36,7 +36,6 @@ from torchtitan_ablate.models.common.experts import (
     grouped_mm_swiglu,
     padded_layout,
     padded_rows,
-    use_grouped_mm,
 )
 from torchtitan_ablate.models.common.permute import combine_rows, inverse_permutation, move_rows
 
@@ -68,7 +67,7 @@ class TokenDispatchExperts(ExpertParallelExperts):
             send, recv, n_pairs, recv_WL = count_reader().ep_token_splits(
                 rows_W, recv_WC, n_tokens, top_k
             )
-            token_S, dest_S, index_TW, valid_TW = _sent_rows(present_WT, sum(send), send)
+            token_S, dest_S, index_TW, valid_TW = _sent_rows(present_WT, send)
             here_SK = dest_TK[token_S] == dest_S.unsqueeze(1)
             local_SK = torch.where(here_SK, experts_TK[token_S] % n_local, -1)
 
@@ -108,9 +107,7 @@ class TokenDispatchExperts(ExpertParallelExperts):
             valid_NK = (local_NK >= 0) & (rank_NK < n_pairs)
             src_M = order_P[:n_pairs] // top_k
         w1, w2, w3 = (_local(w) for w in (self.w1, self.w2, self.w3))
-        grouped = self.force_grouped_mm
-        if grouped is None:
-            grouped = use_grouped_mm(x_ND)
+        grouped = self.runs_grouped_mm(x_ND)
         with torch.no_grad():
             if grouped:
                 dest_M, offs_L = padded_layout(counts_L, n_pairs)
@@ -128,12 +125,13 @@ class TokenDispatchExperts(ExpertParallelExperts):
 
 
 def _sent_rows(
-    present_WT: torch.Tensor, n_sent: int, send: list[int]
+    present_WT: torch.Tensor, send: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(token_S, dest_S, index_TW, valid_TW): the token and destination of each sent row, in
     (destination, token) order, and per token the sent row of each destination (valid_TW: it
-    has one)."""
+    has one). send: rows per destination, as read on the host."""
     n_ranks, n_tokens = present_WT.shape
+    n_sent = sum(send)
     device = present_WT.device
     flat = present_WT.flatten()
     slot_WT = torch.where(flat, flat.cumsum(0) - 1, n_sent).clamp(max=n_sent).view_as(present_WT)

@@ -48,7 +48,6 @@ from torchtitan_ablate.models.common.experts import (
     _grouped_mm_experts,
     _loop_experts,
     count_reader,
-    use_grouped_mm,
 )
 
 
@@ -113,11 +112,8 @@ class ExpertParallelExperts(GroupedExperts):
         # The experts see only their own tokens, so they compute on the local shards; to_local()
         # is differentiable and hands the gradient back as a Shard(0) DTensor.
         w1_LID, w2_LDI, w3_LID = (_local(w) for w in (self.w1, self.w2, self.w3))
-        grouped = self.force_grouped_mm
-        if grouped is None:
-            grouped = use_grouped_mm(x_ND)
         # The loop syncs again for its own splits: CPU / fp32 tests only, not the CUDA bf16 path.
-        run = _grouped_mm_experts if grouped else _loop_experts
+        run = _grouped_mm_experts if self.runs_grouped_mm(x_ND) else _loop_experts
         return run(w1_LID, w2_LDI, w3_LID, x_ND, counts_L, rank_N)
 
 

@@ -76,12 +76,14 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
         """x_RD: rows sorted by expert; num_tokens_per_expert_E: int counts summing to R."""
-        grouped = self.force_grouped_mm
-        if grouped is None:
-            grouped = use_grouped_mm(x_RD)
-        if grouped:
+        if self.runs_grouped_mm(x_RD):
             return _grouped_mm_experts(self.w1, self.w2, self.w3, x_RD, num_tokens_per_expert_E)
         return _loop_experts(self.w1, self.w2, self.w3, x_RD, num_tokens_per_expert_E)
+
+    def runs_grouped_mm(self, x_RD: torch.Tensor) -> bool:
+        """The path for these rows: the forced one, else use_grouped_mm's choice."""
+        forced = self.force_grouped_mm
+        return use_grouped_mm(x_RD) if forced is None else forced
 
     def init_weights(self, init_std: float, init: ParamInit | None = None) -> None:
         # Expert parallel's shards too: `init` draws each global tensor and keeps this rank's.

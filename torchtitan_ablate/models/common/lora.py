@@ -36,7 +36,6 @@ from torchtitan_ablate.models.common.experts import (
     count_reader,
     in_expert_order,
     pad_by_expert,
-    use_grouped_mm,
 )
 from torchtitan_ablate.models.common.init import ParamInit, init_for
 from torchtitan_ablate.models.common.permute import gather_rows
@@ -168,7 +167,7 @@ def merge_lora_state_dict(sd: dict[str, torch.Tensor], alpha: float) -> dict[str
 
 
 def lora_experts(
-    experts: nn.Module,
+    experts: GroupedExperts,
     weights: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
     x_RD: torch.Tensor,
     counts_E: torch.Tensor,
@@ -177,11 +176,8 @@ def lora_experts(
     """SwiGLU experts with adapters. weights[w] = (base [E, out, in], A [E, r, in], B [E, out, r])
     for w in w1 (gate), w3 (up), w2 (down); the same exact paths as GroupedExperts (rank_R as
     there: rows in any order, with their rank in expert order)."""
-    grouped = experts.force_grouped_mm
-    if grouped is None:
-        grouped = use_grouped_mm(x_RD)
     drop, scale = experts.lora_dropout, experts.scale
-    if grouped:
+    if experts.runs_grouped_mm(x_RD):
         x_PD, dest_R, offs_E = pad_by_expert(x_RD, counts_E, rank_R)
 
         def proj(x: torch.Tensor, w: str) -> torch.Tensor:
