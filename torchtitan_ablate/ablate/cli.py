@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         return 2 if invalid else 0
     out = out_arg or (ROOT / "outputs" / "ablations" / spec.name)
     plan["side_by_side"] = args.side_by_side
-    write_plan(plan, out)
+    write_plan(plan, out, args.resume, only)
     try:
         run_all(plan, out, args.resume, args.timeout, only)
     except Stopped as e:

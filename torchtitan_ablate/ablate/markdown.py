@@ -1,5 +1,6 @@
 """report.md: the results table, verdicts, noise definition, commands and environment."""
 
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,17 @@ def _codes(items: list[str]) -> str:
     return ", ".join(f"`{x}`" for x in items)
 
 
+def by_call(plan: dict, part: str) -> list[tuple[Any, list[str]]]:
+    """The variants grouped by one part ("command", "sets" or "environment") of the runner's
+    call that ran them, in order: one group unless a study ran in parts (--resume --only)
+    that differ in it. Plans from before variants named their call have one call."""
+    groups: dict[str, tuple[Any, list[str]]] = {}
+    for v in plan["variants"]:
+        value = (v.get("call") or plan)[part]
+        groups.setdefault(json.dumps(value, sort_keys=True), (value, []))[1].append(v["name"])
+    return list(groups.values())
+
+
 def header(plan: dict) -> str:
     """What every run used: the recipe, the overrides that beat it (the file's [overrides] and
     steps, then the command line's --set, the last word) and the values as run, so a report of
@@ -94,11 +106,16 @@ def header(plan: dict) -> str:
     lines = [f"Base recipe `{spec['config_file']}`."]
     if shared:
         lines.append(f"Ablation file overrides for every run: {_codes(shared)}.")
-    if plan.get("sets"):
+    sets = by_call(plan, "sets")
+    if any(value for value, _ in sets):
         over = "the recipe and the ablation file"
         if spec["description"]:
             over = "the recipe, the ablation file and the description"
-        lines.append(f"Command-line overrides (`--set`, over {over}): {_codes(plan['sets'])}.")
+        if len(sets) == 1:
+            lines.append(f"Command-line overrides (`--set`, over {over}): {_codes(sets[0][0])}.")
+        else:
+            parts = [f"{', '.join(names)}: {_codes(value) or 'none'}" for value, names in sets]
+            lines.append(f"Command-line overrides (`--set`, over {over}): {'; '.join(parts)}.")
     layouts = [v["layout"] for v in plan["variants"] if not v.get("error") and v.get("layout")]
     as_run, varies = [], False
     for key, fmt in AS_RUN:
@@ -128,7 +145,7 @@ def side_by_side_note(plan: dict) -> str:
 
 def render(plan: dict, rows: list[dict], plots: list[str], out: Path, noise: str) -> str:
     """report.md; noise: how the verdicts define noise (report.py says it once)."""
-    spec, env = plan["spec"], plan["environment"]
+    spec = plan["spec"]
     lines = [f"# Ablation: {spec['name']}", ""]
     if spec["description"]:
         lines += [spec["description"], ""]
@@ -170,12 +187,22 @@ def render(plan: dict, rows: list[dict], plots: list[str], out: Path, noise: str
              if v.get("memory", {}).get("note")}  # fmt: skip
     if notes:
         lines += ["Predicted memory: " + "; ".join(f"{k}: {v}" for k, v in notes.items()), ""]
-    lines += ["## Commands", "", "```bash", shlex.join(plan["command"])]
+    lines += ["## Commands", "", "```bash"]
+    commands = by_call(plan, "command")
+    for command, names in commands:  # a study in parts: each call's command, what it ran
+        lines += [f"# ran {', '.join(names)}"] * (len(commands) > 1) + [shlex.join(command)]
     lines += [run["command"] for v in plan["variants"] for run in v.get("runs", [])]
     lines += ["```", "", "## Environment", ""]
+    envs = by_call(plan, "environment")
+    for env, names in envs:
+        lines += [f"Variants {', '.join(names)}:", ""] * (len(envs) > 1) + environment_lines(env)
+    return "\n".join(lines)
+
+
+def environment_lines(env: dict) -> list[str]:
     gpus = ", ".join(env["gpus"]) or "none (CPU, gloo)"
     dirty = " (uncommitted changes)" if env["git_dirty"] else ""
-    lines += [
+    return [
         f"- git commit: `{env['git_commit']}`{dirty}",
         f"- torch {env['torch']}, CUDA {env['cuda']}, Python {env['python']}"
         + (f", torchao {env['torchao']}" if "torchao" in env else ""),
@@ -183,4 +210,3 @@ def render(plan: dict, rows: list[dict], plots: list[str], out: Path, noise: str
         f"- platform: {env['platform']}",
         "",
     ]
-    return "\n".join(lines)

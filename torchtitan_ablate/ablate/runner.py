@@ -126,14 +126,18 @@ def make_plan(
     estimate: bool = True,
 ) -> dict[str, Any]:
     ngpu = spec.ngpu if ngpu is None else ngpu
+    call = {"command": argv, "sets": sets, "environment": environment()}
+    variants = [plan_variant(spec, v, ngpu, sets, estimate) for v in spec.variants]
+    for entry in variants:  # the call that runs it: a study in parts keeps each one's own
+        entry["call"] = call
     return {
         "spec": asdict(spec),
         "ablation_file": ablation_file,
         "command": argv,
         "ngpu": ngpu,
         "sets": sets,
-        "variants": [plan_variant(spec, v, ngpu, sets, estimate) for v in spec.variants],
-        "environment": environment(),
+        "variants": variants,
+        "environment": call["environment"],
     }
 
 
@@ -150,16 +154,49 @@ def run_command(plan: dict, run: dict, out: Path) -> list[str]:
     ]
 
 
-def write_plan(plan: dict, out: Path) -> None:
+def write_plan(plan: dict, out: Path, resume: bool = False, only: set[str] | None = None) -> None:
+    """Writes OUT/ablation.json. resume: a study in parts; the variants this call does not run
+    (left out by only, or finished before with the same commands) keep the entry of the call
+    that ran them, so the report gives each run its own arguments, command line and machine."""
     out.mkdir(parents=True, exist_ok=True)
     for v in plan["variants"]:
         for run in v.get("runs", []):
             run["command"] = shlex.join(run_command(plan, run, out))
+    if resume and (out / PLAN_FILE).is_file():
+        _keep_earlier_calls(plan, json.loads((out / PLAN_FILE).read_text()), out, only)
     _save_plan(plan, out)
+
+
+def _keep_earlier_calls(plan: dict, earlier: dict, out: Path, only: set[str] | None) -> None:
+    # Plans written before entries named their call: the plan-level values were that call's.
+    call = {k: earlier.get(k) for k in ("command", "sets", "environment")}
+    kept = {v["name"]: v for v in earlier["variants"] if not v.get("error")}
+    for i, v in enumerate(plan["variants"]):
+        old = kept.get(v["name"])
+        if old is None or v["error"]:
+            continue
+        done = [read_status(out / r["dir"]) for r in v["runs"]]
+        finished = all(
+            s and s["status"] == "ok" and same_run(s["command"], r["command"])
+            for r, s in zip(v["runs"], done)
+        )
+        if (only is not None and v["name"] not in only) or finished:
+            old.setdefault("call", call)
+            plan["variants"][i] = old
 
 
 def _save_plan(plan: dict, out: Path) -> None:
     (out / PLAN_FILE).write_text(json.dumps(plan, indent=1) + "\n")
+
+
+def same_run(command_a: str, command_b: str) -> bool:
+    """The same run but for where it writes: a study folder copied or moved (or reached by
+    another path) keeps its finished runs under --resume."""
+
+    def key(command: str) -> list[str]:
+        return [t for t in shlex.split(command) if not t.startswith("--job.dump_folder=")]
+
+    return key(command_a) == key(command_b)
 
 
 def read_status(run_dir: Path) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from torchtitan_ablate.ablate.environment import ROOT
-from torchtitan_ablate.ablate.runner import read_status
+from torchtitan_ablate.ablate.runner import read_status, same_run
 
 ERROR_LINE = re.compile(r"([A-Za-z_.]*(Error|Exception)\b|config error|out of memory)")
 
@@ -152,16 +152,6 @@ class Launched:
             self.proc.wait()
 
 
-def _same_run(command_a: str, command_b: str) -> bool:
-    """The same run but for where it writes: a study folder copied or moved (or reached by
-    another path) keeps its finished runs under --resume."""
-
-    def key(command: str) -> list[str]:
-        return [t for t in shlex.split(command) if not t.startswith("--job.dump_folder=")]
-
-    return key(command_a) == key(command_b)
-
-
 def run_all(
     plan: dict, out: Path, resume: bool, timeout: float = 0.0, only: set[str] | None = None
 ) -> None:
@@ -175,7 +165,7 @@ def run_all(
     for i, (variant, run) in enumerate(todo, 1):
         label = f"[{i}/{len(todo)}] {variant['name']} seed {run['seed']}"
         status = read_status(out / run["dir"]) if resume else None
-        if status and status["status"] == "ok" and _same_run(status["command"], run["command"]):
+        if status and status["status"] == "ok" and same_run(status["command"], run["command"]):
             print(f"{label}: finished before, skipped (--resume)", flush=True)
             continue
         if status and status["status"] == "ok":
