@@ -143,8 +143,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     out_arg = args.out and Path(args.out).resolve()
     report_dir = args.report and Path(args.report).resolve()
     os.chdir(ROOT)
-    from torchtitan_ablate.ablate.report import read_plan, write_report
-    from torchtitan_ablate.ablate.runner import make_plan, write_plan
+    from torchtitan_ablate.ablate.report import write_report
+    from torchtitan_ablate.ablate.runner import make_plan, read_plan, write_plan
     from torchtitan_ablate.ablate.schedule import Stopped, run_all
 
     try:
@@ -185,7 +185,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         return 2 if invalid else 0
     out = out_arg or (ROOT / "outputs" / "ablations" / spec.name)
     plan["side_by_side"] = args.side_by_side
-    write_plan(plan, out, args.resume, only)
+    try:
+        write_plan(plan, out, args.resume, only)
+    except AblationError as e:  # --resume over a damaged plan: say so, never overwrite it
+        print(f"ablation error: {e}; move it aside or rerun without --resume", file=sys.stderr)
+        return 2
     try:
         run_all(plan, out, args.resume, args.timeout, only)
     except Stopped as e:

@@ -18,8 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchtitan_ablate.ablate.runner import PLAN_FILE, read_status
-from torchtitan_ablate.ablate.spec import AblationError
+from torchtitan_ablate.ablate.runner import read_plan, read_status
 from torchtitan_ablate.components.metrics import median_noise
 
 if sys.version_info >= (3, 11):
@@ -270,17 +269,6 @@ def _losses_to_compare(row: dict, base: dict) -> tuple[tuple[float, float], list
         if len(at) >= 2:
             spreads.append(max(at) - min(at))
     return (means[0], means[1]), spreads, f"loss at step {step} (where the shorter run stopped)"
-
-
-def read_plan(out: Path) -> dict:
-    """OUT/ablation.json; an AblationError when out is not an ablation's output folder."""
-    path = out / PLAN_FILE
-    if not path.is_file():
-        raise AblationError(f"{path} not found: give the --out folder of an ablation run")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise AblationError(f"{path}: cannot read the ablation plan: {e}") from None
 
 
 def build_rows(out: Path) -> tuple[dict, list[dict]]:

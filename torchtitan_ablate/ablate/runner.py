@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from torchtitan_ablate.ablate.environment import environment
-from torchtitan_ablate.ablate.spec import AblationSpec, Variant
+from torchtitan_ablate.ablate.spec import AblationError, AblationSpec, Variant
 from torchtitan_ablate.config import ConfigError, JobConfig, load_config
 
 PLAN_FILE = "ablation.json"
@@ -163,8 +163,19 @@ def write_plan(plan: dict, out: Path, resume: bool = False, only: set[str] | Non
         for run in v.get("runs", []):
             run["command"] = shlex.join(run_command(plan, run, out))
     if resume and (out / PLAN_FILE).is_file():
-        _keep_earlier_calls(plan, json.loads((out / PLAN_FILE).read_text()), out, only)
+        _keep_earlier_calls(plan, read_plan(out), out, only)
     _save_plan(plan, out)
+
+
+def read_plan(out: Path) -> dict:
+    """OUT/ablation.json; an AblationError when out is not an ablation's output folder."""
+    path = out / PLAN_FILE
+    if not path.is_file():
+        raise AblationError(f"{path} not found: give the --out folder of an ablation run")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise AblationError(f"{path}: cannot read the ablation plan: {e}") from None
 
 
 def _keep_earlier_calls(plan: dict, earlier: dict, out: Path, only: set[str] | None) -> None:

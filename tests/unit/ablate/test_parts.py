@@ -2,7 +2,9 @@
 variant keeps the arguments, command line and machine of the call that ran it, and the report
 says which call ran which variant."""
 
+import importlib.util
 import json
+from pathlib import Path
 
 from torchtitan_ablate.ablate import markdown, runner
 from torchtitan_ablate.ablate.spec import load_spec
@@ -81,3 +83,19 @@ def test_one_call_reads_as_before(tmp_path):
     assert "Command-line overrides (`--set`, over the recipe and the ablation file): " in head
     assert "`training.steps=3`." in head and "; " not in head.split("overrides")[-1]
     assert len(markdown.by_call(plan, "command")) == 1
+
+
+def test_resume_over_a_damaged_plan_is_one_line_and_keeps_it(tmp_path, capsys):
+    root = Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location("ablate_cli", root / "scripts" / "ablate.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    path, out = tmp_path / "study.toml", tmp_path / "out"
+    path.write_text(STUDY)
+    out.mkdir()
+    (out / runner.PLAN_FILE).write_text('{"variants": [')
+    assert cli.main([str(path), "--out", str(out), "--resume", "--no-estimate"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("ablation error: ") and "cannot read the ablation plan" in line
+    assert "move it aside or rerun without --resume" in line
+    assert (out / runner.PLAN_FILE).read_text() == '{"variants": ['
