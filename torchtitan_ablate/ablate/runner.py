@@ -186,11 +186,7 @@ def _keep_earlier_calls(plan: dict, earlier: dict, out: Path, only: set[str] | N
         old = kept.get(v["name"])
         if old is None or v["error"]:
             continue
-        done = [read_status(out / r["dir"]) for r in v["runs"]]
-        finished = all(
-            s and s["status"] == "ok" and same_run(s["command"], r["command"])
-            for r, s in zip(v["runs"], done)
-        )
+        finished = all(finished_before(read_status(out / r["dir"]), r) for r in v["runs"])
         if (only is not None and v["name"] not in only) or finished:
             old.setdefault("call", call)
             plan["variants"][i] = old
@@ -200,14 +196,16 @@ def _save_plan(plan: dict, out: Path) -> None:
     (out / PLAN_FILE).write_text(json.dumps(plan, indent=1) + "\n")
 
 
-def same_run(command_a: str, command_b: str) -> bool:
-    """The same run but for where it writes: a study folder copied or moved (or reached by
-    another path) keeps its finished runs under --resume."""
+def finished_before(status: dict[str, Any] | None, run: dict) -> bool:
+    """The run's status.json says it finished ok with the same command but for where it
+    writes: a study folder copied or moved (or reached by another path) keeps its finished runs
+    under --resume."""
 
     def key(command: str) -> list[str]:
         return [t for t in shlex.split(command) if not t.startswith("--job.dump_folder=")]
 
-    return key(command_a) == key(command_b)
+    ok = status is not None and status["status"] == "ok"
+    return ok and key(status["command"]) == key(run["command"])
 
 
 def read_status(run_dir: Path) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from torchtitan_ablate.ablate.environment import ROOT
-from torchtitan_ablate.ablate.runner import read_status, same_run
+from torchtitan_ablate.ablate.runner import finished_before, read_status
 
 ERROR_LINE = re.compile(r"([A-Za-z_.]*(Error|Exception)\b|config error|out of memory)")
 
@@ -165,7 +165,7 @@ def run_all(
     for i, (variant, run) in enumerate(todo, 1):
         label = f"[{i}/{len(todo)}] {variant['name']} seed {run['seed']}"
         status = read_status(out / run["dir"]) if resume else None
-        if status and status["status"] == "ok" and same_run(status["command"], run["command"]):
+        if finished_before(status, run):
             print(f"{label}: finished before, skipped (--resume)", flush=True)
             continue
         if status and status["status"] == "ok":
