@@ -14,7 +14,7 @@ import math
 import sys
 from pathlib import Path
 
-from torchtitan_ablate.components.metrics_file import read_metrics_rows
+from torchtitan_ablate.components.observability.metrics_file import read_metrics_rows
 
 
 class MetricsError(ValueError):

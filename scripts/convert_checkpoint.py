@@ -37,13 +37,13 @@ import tomllib
 import torch
 import torch.distributed.checkpoint as dcp
 
-from torchtitan_ablate.components.dcp_model import find_run_toml, read_dcp_model
-from torchtitan_ablate.components.hf_checkpoint import (
+from torchtitan_ablate.components.checkpoint.hf import (
     SafetensorsFolder,
     hf_model_args,
     save_hf_checkpoint,
 )
-from torchtitan_ablate.components.peft_export import save_peft_adapters
+from torchtitan_ablate.components.checkpoint.offline_weights import find_run_toml, read_dcp_model
+from torchtitan_ablate.components.checkpoint.peft_export import save_peft_adapters
 from torchtitan_ablate.models.common.lora import merge_lora_state_dict
 from torchtitan_ablate.models.qwen3 import (
     Qwen3ModelArgs,

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from torchtitan_ablate.components.tokenizer import (
+from torchtitan_ablate.components.text.tokenizer import (
     QWEN_PATTERN,
     TIKTOKEN_SPECIALS,
     hf_tokenizer_json_to_ranks,

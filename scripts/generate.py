@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from torchtitan_ablate.components.dcp_model import find_run_toml, read_dcp_model
-from torchtitan_ablate.components.hf_checkpoint import load_hf_weights
-from torchtitan_ablate.components.tokenizer import Tokenizer, build_tokenizer
+from torchtitan_ablate.components.checkpoint.hf import load_hf_weights
+from torchtitan_ablate.components.checkpoint.offline_weights import find_run_toml, read_dcp_model
+from torchtitan_ablate.components.text.tokenizer import Tokenizer, build_tokenizer
 from torchtitan_ablate.config import ConfigError, JobConfig, load_config
 from torchtitan_ablate.models.common.lora import merge_lora_state_dict
 from torchtitan_ablate.models.qwen3 import Qwen3Model, Qwen3ModelArgs

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import regex
 
-from torchtitan_ablate.components.tokenizer import (
+from torchtitan_ablate.components.text.tokenizer import (
     QWEN_PATTERN,
     TIKTOKEN_SPECIALS,
     save_tiktoken_ranks,

@@ -12,7 +12,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from torchtitan_ablate.components.metrics_file import read_metrics_rows
+from torchtitan_ablate.components.observability.metrics_file import read_metrics_rows
 
 KEYS = ("step", "loss", "tps", "tflops", "mfu", "memory_max_active_gib", "memory_max_reserved_gib")
 

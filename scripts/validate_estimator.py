@@ -22,8 +22,8 @@ import sys
 import torch
 
 from torchtitan_ablate.config import load_config
-from torchtitan_ablate.memory import estimate
-from torchtitan_ablate.memory.validate import measure_cpu, measure_cuda
+from torchtitan_ablate.estimator import estimate
+from torchtitan_ablate.estimator.measure import measure_cpu, measure_cuda
 
 GIB = 1024**3
 

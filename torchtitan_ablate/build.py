@@ -16,21 +16,21 @@ from dataclasses import dataclass
 
 import torch
 
+from torchtitan_ablate.components.compile import INDUCTOR, CompileBackend
 from torchtitan_ablate.components.data import build_dataloader
-from torchtitan_ablate.components.dpo import build_dpo_loss, count_pairs
-from torchtitan_ablate.components.loss import (
+from torchtitan_ablate.components.objective.dpo import build_dpo_loss, count_pairs
+from torchtitan_ablate.components.objective.loss import (
     check_kernel_loss,
     chunked_loss_head,
     cross_entropy_sum,
     kernel_loss_head,
     num_valid_tokens,
 )
-from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler
-from torchtitan_ablate.components.optimizer import build_optimizer
-from torchtitan_ablate.components.tokenizer import Tokenizer, build_tokenizer
+from torchtitan_ablate.components.optim.lr_scheduler import build_lr_scheduler
+from torchtitan_ablate.components.optim.optimizer import build_optimizer
+from torchtitan_ablate.components.text.tokenizer import Tokenizer, build_tokenizer
 from torchtitan_ablate.config import ConfigError, JobConfig
 from torchtitan_ablate.config.dpo_config import dpo_enabled
-from torchtitan_ablate.distributed.compile import INDUCTOR, CompileBackend
 from torchtitan_ablate.distributed.fsdp import AccumulationPlan
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.models.common import attention
@@ -206,9 +206,9 @@ def build_model(
 def build_loss_fn(config: JobConfig, compile_backend: CompileBackend = INDUCTOR) -> LossFn:
     """loss_fn(model, micro_batch) -> this micro-batch's cross-entropy sum, as configured by
     training.loss_impl (the one place that reads it): chunked (loss_chunk_size tokens at a time),
-    liger or cce run as the model's loss head (no full logits; components/loss.py); plain takes
-    the loss of the logits. auto: chunked when loss_chunk_size > 0, else plain (as before
-    loss_impl existed). compile.components "loss" compiles the chunked and plain losses (fuses
+    liger or cce run as the model's loss head (no full logits; components/objective/loss.py);
+    plain takes the loss of the logits. auto: chunked when loss_chunk_size > 0, else plain.
+    compile.components "loss" compiles the chunked and plain losses (fuses
     the fp32 upcast, log-softmax and gather); liger and cce are Triton kernels already."""
     t = config.training
     impl = t.loss_impl
@@ -252,7 +252,7 @@ def build_run(
 
     optimizer_device_type: the device the optimizer is chosen for (the estimator builds CUDA's
     on fake CPU tensors); compile_backend: torch.compile's backend (the estimator's models
-    Inductor on fake tensors, memory/compiled.py)."""
+    Inductor on fake tensors, estimator/compiled.py)."""
     model, accumulation = build_model(
         config, layout.parallel_dims, layout.model_args, device, compile_backend
     )

@@ -27,6 +27,6 @@ def estimate(argv: list[str] | None = None) -> None:
 
     exit_if_help(sys.argv[1:] if argv is None else argv, "python estimation.py")
     from torchtitan_ablate.config import run_main  # after the help: the estimator imports torch
-    from torchtitan_ablate.memory import estimate_main
+    from torchtitan_ablate.estimator import estimate_main
 
     run_main(estimate_main, argv)

@@ -6,11 +6,11 @@ from collections.abc import Callable, Iterator
 import torch
 
 from torchtitan_ablate.build import Run
-from torchtitan_ablate.components.finite import nonfinite_step_values
-from torchtitan_ablate.components.loss import num_valid_tokens
+from torchtitan_ablate.components.objective.finite import nonfinite_step_values
+from torchtitan_ablate.components.objective.loss import num_valid_tokens
+from torchtitan_ablate.components.quantization.float8 import float8_post_optimizer_step
 from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.distributed.context_parallel import place_micro_batch
-from torchtitan_ablate.distributed.float8 import float8_post_optimizer_step
 from torchtitan_ablate.distributed.fsdp import before_micro_batch
 
 

@@ -27,27 +27,27 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch  # noqa: E402
 
 from torchtitan_ablate.build import build_data, build_layout, build_run
-from torchtitan_ablate.components.checkpoint import CheckpointManager
-from torchtitan_ablate.components.checkpoint_seed import create_seed_checkpoint
-from torchtitan_ablate.components.checkpoint_state import TrainState
+from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
+from torchtitan_ablate.components.checkpoint.run_settings import run_settings
+from torchtitan_ablate.components.checkpoint.state import TrainState
 from torchtitan_ablate.components.data import state_same_on_every_rank
-from torchtitan_ablate.components.dpo import init_reference, reference_states
-from torchtitan_ablate.components.finite import NonFiniteError
-from torchtitan_ablate.components.metrics import (
+from torchtitan_ablate.components.objective.dpo import init_reference, reference_states
+from torchtitan_ablate.components.objective.finite import NonFiniteError
+from torchtitan_ablate.components.objective.validate import Validator
+from torchtitan_ablate.components.observability.comm_profile import CommProfiler
+from torchtitan_ablate.components.observability.metrics import (
     MetricsLogger,
     attention_pairs,
     median_noise,
     steady_values,
 )
-from torchtitan_ablate.components.profiling import CommProfiler
-from torchtitan_ablate.components.run_settings import run_settings
-from torchtitan_ablate.components.trace_profiler import TraceProfiler
-from torchtitan_ablate.components.trackers import check_trackers
-from torchtitan_ablate.components.validate import Validator
+from torchtitan_ablate.components.observability.profiling import TraceProfiler
+from torchtitan_ablate.components.observability.trackers import check_trackers
 from torchtitan_ablate.config import JobConfig, check_dump_folder, run_main, write_config
 from torchtitan_ablate.config.dpo_config import DPO_FLOPS_FACTOR, dpo_enabled
 from torchtitan_ablate.config.errors import report
 from torchtitan_ablate.distributed import utils as dist_utils
+from torchtitan_ablate.seed_checkpoint import create_seed_checkpoint
 from torchtitan_ablate.step import next_micro_batches, train_step
 
 logger = logging.getLogger("torchtitan_ablate")
@@ -325,7 +325,7 @@ def main(config: JobConfig) -> list[dict]:
         datefmt="%H:%M:%S",
     )
     if config.memory_estimation.enable:
-        from torchtitan_ablate.memory import estimate_main
+        from torchtitan_ablate.estimator import estimate_main
 
         return estimate_main(config)
     try:

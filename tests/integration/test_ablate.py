@@ -165,19 +165,21 @@ def test_side_by_side_with_different_gpu_counts_is_noted(capsys):
 
 
 def test_report_estimate_fills_predictions_skipped_at_planning(tmp_path, capsys):
-    from torchtitan_ablate.ablate import runner
+    from torchtitan_ablate.ablate import plan as ablation_plan
     from torchtitan_ablate.ablate.spec import load_spec
 
     path = tmp_path / "tiny.toml"
     path.write_text(ABLATION)
     spec = load_spec(path)
     out = tmp_path / "out"
-    planned = runner.make_plan(spec, str(path), None, [], ["ablate"], estimate=True)
-    runner.write_plan(runner.make_plan(spec, str(path), None, [], ["ablate"], False), out)
+    planned = ablation_plan.make_plan(spec, str(path), None, [], ["ablate"], estimate=True)
+    ablation_plan.write_plan(
+        ablation_plan.make_plan(spec, str(path), None, [], ["ablate"], False), out
+    )
     sets = ["--set", "memory_estimation.device_memory_gib=40"]
     assert ablate_cli.main(["--report", str(out), "--estimate", *sets]) == 0
     assert "predicted the memory of 2 variant(s)" in capsys.readouterr().out
-    plan = json.loads((out / runner.PLAN_FILE).read_text())
+    plan = json.loads((out / ablation_plan.PLAN_FILE).read_text())
     for before, after in zip(planned["variants"], plan["variants"]):
         mem = after["memory"]
         assert mem["predicted_peak_gib"] == before["memory"]["predicted_peak_gib"]

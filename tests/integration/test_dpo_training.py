@@ -15,7 +15,7 @@ from tests.integration import parallel_harness as harness
 from tests.unit.components.test_hf_checkpoint import make_hf
 from torchtitan_ablate import train
 from torchtitan_ablate.config import load_config
-from torchtitan_ablate.memory import estimate
+from torchtitan_ablate.estimator import estimate
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))

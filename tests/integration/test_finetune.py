@@ -18,7 +18,7 @@ from tests.unit.components.test_hf_checkpoint import make_hf
 from torchtitan_ablate import build, train
 from torchtitan_ablate.components.data.packing import IGNORE_INDEX
 from torchtitan_ablate.components.data.sft import ChatRenderer
-from torchtitan_ablate.components.tokenizer import build_tokenizer
+from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]

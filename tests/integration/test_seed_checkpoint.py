@@ -12,11 +12,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from tests.dist_utils import captured_log, run_distributed
 from torchtitan_ablate import train
-from torchtitan_ablate.ablate.runner import check_layout
-from torchtitan_ablate.components.checkpoint_seed import create_seed_checkpoint
-from torchtitan_ablate.components.dcp_model import read_dcp_model
+from torchtitan_ablate.ablate.plan import plan_layout
+from torchtitan_ablate.components.checkpoint.offline_weights import read_dcp_model
 from torchtitan_ablate.config import ConfigError, load_config
 from torchtitan_ablate.models.qwen3 import qwen3_flavors
+from torchtitan_ablate.seed_checkpoint import create_seed_checkpoint
 
 pytestmark = pytest.mark.slow  # multi-process
 
@@ -95,7 +95,7 @@ def test_seed_checkpoint_refusals(args: list[str], says: str) -> None:
 
 
 def test_the_ablation_plan_names_the_initial_weights() -> None:
-    assert check_layout(load_config(BASE), 1)["initial_weights"] == "seed"
+    assert plan_layout(load_config(BASE), 1)["initial_weights"] == "seed"
     path = "outputs/seed/checkpoint/step-0"
     config = load_config(BASE + ["--checkpoint.initial_load_path", path])
-    assert check_layout(config, 1)["initial_weights"] == path
+    assert plan_layout(config, 1)["initial_weights"] == path

@@ -5,7 +5,7 @@ carry real and processed tokens/s and both MFU figures."""
 import json
 
 from torchtitan_ablate import train
-from torchtitan_ablate.components.metrics import MIN_NOISE_SAMPLES
+from torchtitan_ablate.components.observability.metrics import MIN_NOISE_SAMPLES
 from torchtitan_ablate.config import load_config
 
 

@@ -14,8 +14,8 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from tests.checkpoint_damage import poison_saved_tensor
 from tests.dist_utils import run_distributed
 from torchtitan_ablate import train
-from torchtitan_ablate.components.finite import NonFiniteError
-from torchtitan_ablate.components.lr_scheduler import lr_factor
+from torchtitan_ablate.components.objective.finite import NonFiniteError
+from torchtitan_ablate.components.optim.lr_scheduler import lr_factor
 from torchtitan_ablate.config import load_config, run_main
 from torchtitan_ablate.config.job_config import LRScheduler
 from torchtitan_ablate.distributed import utils as dist_utils

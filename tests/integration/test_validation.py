@@ -8,7 +8,7 @@ import torch.distributed as dist
 from tests.dist_utils import run_distributed
 from tests.integration.parallel_harness import build_trainer
 from torchtitan_ablate.components.data import build_dataloader
-from torchtitan_ablate.components.loss import cross_entropy_sum, num_valid_tokens
+from torchtitan_ablate.components.objective.loss import cross_entropy_sum, num_valid_tokens
 from torchtitan_ablate.config import ConfigError
 
 CORPUS = "assets/data/debug_corpus.jsonl"

@@ -100,3 +100,64 @@ def test_tools_never_import_the_trainer():
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = {node.module} | {f"{node.module}.{a.name}" for a in node.names}
                 assert trainer not in names, f"scripts/{script.name} imports the trainer"
+
+
+# The package's floors, lowest first: a module imports only its own floor and those below.
+# Run modes (train, seed_checkpoint, launch, cli) sit above the build path; the ablation runner
+# on top. A model's parallelize.py is the one door from models/ up to the techniques.
+FLOORS = (
+    ("config",),
+    ("models",),
+    ("distributed",),
+    ("components",),
+    ("build",),
+    ("step",),
+    ("estimator",),
+    ("train", "seed_checkpoint", "launch", "cli"),
+    ("ablate",),
+)
+
+
+def _unit(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def floor_of(module: str) -> int:
+    unit = _unit(module)
+    return next(i for i, units in enumerate(FLOORS) if unit in units)
+
+
+def test_every_unit_has_a_floor():
+    units = {_unit(m) for m in import_graph() if m != PACKAGE}
+    assert units <= {u for floor in FLOORS for u in floor}, "give each new top-level unit a floor"
+
+
+def test_imports_go_down_the_floors():
+    graph = import_graph()
+    bad = []
+    for name, edges in graph.items():
+        if name == PACKAGE:
+            continue
+        door = name.startswith(f"{PACKAGE}.models.") and name.endswith(".parallelize")
+        for edge in edges:
+            if edge == PACKAGE or floor_of(edge) <= floor_of(name):
+                continue
+            if door and _unit(edge) in ("distributed", "components"):
+                continue
+            bad.append(f"{name} -> {edge}")
+    assert not bad, "imports going up a floor:\n" + "\n".join(sorted(bad))
+
+
+def _private_imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
+            found += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    return found
+
+
+def test_no_private_name_crosses_a_module():
+    """A name another module needs is public; a private one stays with its module."""
+    files = [*ROOT.rglob("*.py"), *(ROOT.parent / "scripts").glob("*.py")]
+    bad = [f"{p.relative_to(ROOT.parent)}: {n}" for p in files for n in _private_imports(p)]
+    assert not bad, "private names imported across modules:\n" + "\n".join(bad)

@@ -4,8 +4,9 @@
                              [--set section.key=value ...]
     python scripts/ablate.py --report DIR
 
-spec.py reads the ablation file, runner.py validates and runs it, report.py / markdown.py /
-plots.py write results.csv, results.json, report.md and the plots. See docs/ablation.md.
+spec.py reads the ablation file, plan.py validates it, runner.py runs it, and report.py,
+markdown.py and plots.py write results.csv, results.json, report.md and the plots. See
+docs/ablation.md.
 """
 
 from torchtitan_ablate.ablate.spec import AblationError, AblationSpec, Variant, load_spec

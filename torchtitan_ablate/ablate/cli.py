@@ -92,7 +92,7 @@ def print_plan(plan: dict) -> None:
     notes = {v["memory"]["note"] for v in plan["variants"] if not v["error"]} - {""}
     for note in sorted(notes):
         print(f"predicted memory {note}")
-    from torchtitan_ablate.ablate.runner import data_note
+    from torchtitan_ablate.ablate.plan import data_note
 
     if note := data_note(plan["variants"]):
         print(note)
@@ -143,14 +143,14 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     out_arg = args.out and Path(args.out).resolve()
     report_dir = args.report and Path(args.report).resolve()
     os.chdir(ROOT)
+    from torchtitan_ablate.ablate.plan import make_plan, read_plan, write_plan
     from torchtitan_ablate.ablate.report import write_report
-    from torchtitan_ablate.ablate.runner import make_plan, read_plan, write_plan
-    from torchtitan_ablate.ablate.schedule import Stopped, run_all
+    from torchtitan_ablate.ablate.runner import Stopped, run_all
 
     try:
         if report_dir:
             if args.estimate:
-                from torchtitan_ablate.ablate.runner import fill_predictions
+                from torchtitan_ablate.ablate.plan import fill_predictions
 
                 plan = read_plan(report_dir)  # one line when the folder has no plan
                 n = fill_predictions(report_dir, plan, parse_sets(args.set))

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchtitan_ablate.ablate.runner import read_plan, read_status
-from torchtitan_ablate.components.metrics import median_noise
+from torchtitan_ablate.ablate.plan import read_plan, read_status
+from torchtitan_ablate.components.observability.metrics import median_noise
 
 if sys.version_info >= (3, 11):
     import tomllib

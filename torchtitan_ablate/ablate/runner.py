@@ -1,233 +1,257 @@
-"""Plan an ablation (validate every variant, predict its memory) and write it down; schedule.py
-runs variant x seed through ./run_train.sh, each into OUT/runs/<variant>/seed<N>/.
+"""Runs an ablation's planned runs through ./run_train.sh: one after another, or side by side on
+disjoint GPUs of one node (`side_by_side` > 1), each into OUT/runs/<variant>/seed<N>/ with its
+train.log and a status.json (ok / failed with its error line) that the report reads.
 
-OUT/ablation.json holds the plan (resolved arguments, layouts, predictions, commands, versions);
-each run folder gets train.log, the trainer's metrics.jsonl and config.toml, and status.json
-(ok / failed with its error line). The report is built from these files only (report.py).
+Side by side, a run gets the first free GPUs in the runner's visible order (its
+CUDA_VISIBLE_DEVICES narrowed to them) and runs start in plan order: a run that needs more GPUs
+than are free waits, and the runs behind it wait with it. Runs side by side share the host's
+CPUs, memory bandwidth and PCIe; the report says so (docs/ablation.md).
 """
 
 import json
+import os
+import re
 import shlex
-from dataclasses import asdict
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from torchtitan_ablate.ablate.environment import environment
-from torchtitan_ablate.ablate.spec import AblationError, AblationSpec, Variant
-from torchtitan_ablate.config import ConfigError, JobConfig, load_config
+from torchtitan_ablate.ablate.environment import ROOT
+from torchtitan_ablate.ablate.plan import finished_before, read_status
 
-PLAN_FILE = "ablation.json"
-NOT_ESTIMATED = "n/a: --no-estimate"
+ERROR_LINE = re.compile(r"([A-Za-z_.]*(Error|Exception)\b|config error|out of memory)")
 
 
-def predict_memory(config: JobConfig, ngpu: int) -> dict[str, Any]:
-    """The memory estimator's per-GPU peak and the verdict estimation.py gives, or "n/a" with
-    the reason when the estimator cannot model this config."""
-    from torchtitan_ablate import memory
-    from torchtitan_ablate.memory.report import device_memory_gib, verdict
-
-    config.memory_estimation.world_size = ngpu
-    try:
-        est = memory.estimate(config)
-    except ConfigError as e:  # anything else is an estimator bug: let it surface
-        reason = (str(e).splitlines() or ["ConfigError"])[0]
-        return {"predicted_peak_gib": None, "fits": None, "note": f"n/a: {reason}"}
-    device = device_memory_gib(config)
-    fits, _ = verdict(est, device)
-    return {
-        "predicted_peak_gib": est["peak_gib"],
-        "fits": fits,
-        "device_memory_gib": device,
-        "note": "",
-    }
-
-
-def check_layout(config: JobConfig, ngpu: int) -> dict[str, Any]:
-    """The checks the trainer makes before building anything: mesh, model, batch."""
-    from torchtitan_ablate.build import check_layout as build_check_layout
-
-    layout = build_check_layout(config, ngpu)
-    pd, grad_accum = layout.parallel_dims, layout.grad_accum
-    global_batch = layout.sequences_per_step
-    return {
-        "flavor": config.model.flavor,
-        "ngpu": ngpu,
-        "mesh": f"rep{pd.dp_replicate} shard{pd.dp_shard} cp{pd.cp} ep{pd.ep}",
-        "dp": pd.dp,
-        "grad_accum": grad_accum,
-        "local_batch_size": config.training.local_batch_size,
-        "global_batch_size": global_batch,
-        "seq_len": config.training.seq_len,
-        "tokens_per_step": global_batch * config.training.seq_len,
-        "steps": config.training.steps,
-        "seed": config.training.seed,
-        # Runs of one seed and model size start from the same weights in every layout and
-        # variant (models/common/init.py) unless they load a checkpoint: which one, if any.
-        "initial_weights": config.checkpoint.initial_load_path or "seed",
-        "data_sharding": config.training.data_sharding,
-    }
-
-
-def data_note(variants: list[dict[str, Any]]) -> str:
-    """Why variants would see different data ("" when they see the same rows per step)."""
-    layouts = [v["layout"] for v in variants if not v.get("error")]
-    dps = sorted({lay["dp"] for lay in layouts})
-    if len(dps) < 2 or all(lay["data_sharding"] == "rows" for lay in layouts):
-        return ""
-    return (
-        f"data: the variants' dp degrees differ ({', '.join(map(str, dps))}) and documents are "
-        "sharded per dp rank, so they train on different rows; add training.data_sharding = "
-        '"rows" to [overrides] to compare them on identical global batches'
-    )
-
-
-def plan_variant(
-    spec: AblationSpec, variant: Variant, ngpu: int, sets: list[str], estimate: bool
-) -> dict[str, Any]:
-    """Validates one variant exactly as the launcher will load it, at its own ngpu where it
-    has one; never raises."""
-    ngpu = variant.ngpu or ngpu
-    seed = spec.seeds[0] if spec.seeds else None
-    args = spec.run_args(variant, seed, sets)
-    entry: dict[str, Any] = {"name": variant.name, "group": variant.group or variant.name}
-    entry["baseline"] = variant.baseline or spec.variants[0].name
-    entry.update(description=variant.description, overrides=variant.overrides, error=None)
-    try:
-        config = load_config(["--job.config_file", spec.config_file, *args])
-        entry["layout"] = check_layout(config, ngpu)
-    except ConfigError as e:
-        entry["error"] = f"variant {variant.name!r}: {e}".replace("command line: ", "")
-        return entry
-    seeds = spec.seeds or [entry["layout"]["seed"]]
-    entry["seeds"] = seeds
-    entry["memory"] = (
-        predict_memory(config, ngpu)
-        if estimate
-        else {"predicted_peak_gib": None, "fits": None, "note": NOT_ESTIMATED}
-    )
-    entry["runs"] = []
-    for s in seeds:
-        run_dir = f"runs/{variant.name}/seed{s}"
-        run_args = spec.run_args(variant, s if spec.seeds else None, sets)
-        if config.metrics.enable_wandb:  # one W&B group per ablation, a run per variant x seed
-            if not config.metrics.wandb_group:  # a group the user set is kept
-                run_args.append(f"--metrics.wandb_group={spec.name}")
-            run_args.append(f"--metrics.wandb_run_name={variant.name}-seed{s}")
-        entry["runs"].append({"seed": s, "dir": run_dir, "args": run_args, "ngpu": ngpu})
-    return entry
-
-
-def make_plan(
-    spec: AblationSpec,
-    ablation_file: str,
-    ngpu: int | None,
-    sets: list[str],
-    argv: list[str],
-    estimate: bool = True,
-) -> dict[str, Any]:
-    ngpu = spec.ngpu if ngpu is None else ngpu
-    call = {"command": argv, "sets": sets, "environment": environment()}
-    variants = [plan_variant(spec, v, ngpu, sets, estimate) for v in spec.variants]
-    for entry in variants:  # the call that runs it: a study in parts keeps each one's own
-        entry["call"] = call
-    return {
-        "spec": asdict(spec),
-        "ablation_file": ablation_file,
-        "command": argv,
-        "ngpu": ngpu,
-        "sets": sets,
-        "variants": variants,
-        "environment": call["environment"],
-    }
-
-
-def run_command(plan: dict, run: dict, out: Path) -> list[str]:
-    """The exact launcher command of one run (as a shell line: env assignments first)."""
-    dump = out / run["dir"]
-    cfg = plan["spec"]["config_file"]
-    return [
-        f"NGPU={run.get('ngpu', plan['ngpu'])}",
-        f"CONFIG_FILE={cfg}",
-        "./run_train.sh",
-        *run["args"],
-        f"--job.dump_folder={dump}",
+def error_line(log: Path, returncode: int) -> str:
+    """The last informative error line of a failed run's log."""
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    hits = [
+        x.strip()
+        for x in lines
+        if ERROR_LINE.search(x) and "ChildFailedError" not in x and "Traceback" not in x
     ]
+    if hits:
+        return hits[-1][:500]
+    if returncode < 0 or returncode == 137:
+        return f"killed by signal {-returncode if returncode < 0 else 9} (out of host memory?)"
+    tail = [x.strip() for x in lines if x.strip()]
+    return (tail[-1] if tail else "no output")[:500] + f" (exit code {returncode})"
 
 
-def write_plan(plan: dict, out: Path, resume: bool = False, only: set[str] | None = None) -> None:
-    """Writes OUT/ablation.json. resume: a study in parts; the variants this call does not run
-    (left out by only, or finished before with the same commands) keep the entry of the call
-    that ran them, so the report gives each run its own arguments, command line and machine."""
-    out.mkdir(parents=True, exist_ok=True)
-    for v in plan["variants"]:
-        for run in v.get("runs", []):
-            run["command"] = shlex.join(run_command(plan, run, out))
-    if resume and (out / PLAN_FILE).is_file():
-        _keep_earlier_calls(plan, read_plan(out), out, only)
-    _save_plan(plan, out)
+def visible_gpus() -> list[str]:
+    """The GPU ids this process may hand out: CUDA_VISIBLE_DEVICES's entries, else 0..n-1."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g.strip() for g in listed.split(",") if g.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
 
 
-def read_plan(out: Path) -> dict:
-    """OUT/ablation.json; an AblationError when out is not an ablation's output folder."""
-    path = out / PLAN_FILE
-    if not path.is_file():
-        raise AblationError(f"{path} not found: give the --out folder of an ablation run")
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _new_records(metrics: Path, after_step: int) -> list[dict]:
+    """The complete records logged after `after_step` (the last line may be half-written)."""
+    if not metrics.is_file():
+        return []
+    records = []
+    for line in metrics.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if rec["step"] > after_step:
+            records.append(rec)
+    return records
+
+
+def _fmt_s(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class Launched:
+    """One training in flight: its process, and its progress read from metrics.jsonl.
+
+    command: the run's shell line (`NAME=value ...` assignments, then the program); gpus: the
+    GPU ids it may see (None: whatever the runner sees)."""
+
+    def __init__(
+        self,
+        command: str,
+        run_dir: Path,
+        label: str,
+        steps: int,
+        timeout: float,
+        gpus: list[str] | None = None,
+    ) -> None:
+        self.command, self.run_dir, self.label = command, run_dir, label
+        self.steps, self.timeout, self.gpus = steps, timeout, gpus
+        words = shlex.split(command)
+        n_env = next(i for i, w in enumerate(words) if "=" not in w)
+        env = dict(os.environ, MASTER_PORT=str(_free_port()))
+        env.update(w.split("=", 1) for w in words[:n_env])
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        self.start = time.perf_counter()
+        self.last_step, self.first = 0, None  # first logged (step, time): ETAs skip start-up
+        self.log = open(run_dir / "train.log", "w")
+        self.proc = subprocess.Popen(
+            words[n_env:],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def poll(self, eta_rest: float) -> int | None:
+        """Prints a line per newly logged step; the return code once the process ended (it is
+        stopped past the timeout), else None."""
+        elapsed = time.perf_counter() - self.start
+        for rec in _new_records(self.run_dir / "metrics.jsonl", self.last_step):
+            self.last_step = rec["step"]
+            self.first = self.first or (self.last_step, elapsed)
+            done, took = self.last_step - self.first[0], elapsed - self.first[1]
+            per_step = took / done if done else elapsed / self.last_step
+            left = per_step * (self.steps - self.last_step)
+            print(
+                f"  {self.label}: step {self.last_step}/{self.steps}  loss {rec['loss']:.4f}  "
+                f"tps {rec['tps']:,.0f}  elapsed {_fmt_s(elapsed)}  ETA run {_fmt_s(left)}, "
+                f"all {_fmt_s(left + eta_rest)}",
+                flush=True,
+            )
+        rc = self.proc.poll()
+        if rc is None and self.timeout and elapsed > self.timeout:
+            self.stop()
+            self.log.write(f"\nablate: run exceeded --timeout {self.timeout:.0f} s; stopped\n")
+            rc = self.proc.returncode
+        return rc
+
+    @property
+    def wall(self) -> float:
+        return time.perf_counter() - self.start
+
+    def stop(self, grace_s: float = 60.0) -> None:
+        """SIGTERM to the run's process group (the trainer stops at its next step boundary),
+        SIGKILL if it is still there after grace_s."""
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def run_all(
+    plan: dict, out: Path, resume: bool, timeout: float = 0.0, only: set[str] | None = None
+) -> None:
+    """Runs every valid variant x seed (only: of these variants; up to plan["side_by_side"] at a
+    time, each on its own GPUs); a failed run is recorded and the rest go on. Ctrl-C or
+    SIGTERM: the runs in flight are stopped and recorded, then Stopped is raised."""
+    side_by_side = plan.get("side_by_side", 1)
+    chosen = [v for v in plan["variants"] if only is None or v["name"] in only]
+    todo = [(v, r) for v in chosen if not v["error"] for r in v["runs"]]
+    queue = []
+    for i, (variant, run) in enumerate(todo, 1):
+        label = f"[{i}/{len(todo)}] {variant['name']} seed {run['seed']}"
+        status = read_status(out / run["dir"]) if resume else None
+        if finished_before(status, run):
+            print(f"{label}: finished before, skipped (--resume)", flush=True)
+            continue
+        if status and status["status"] == "ok":
+            print(f"{label}: finished before with other arguments, run again", flush=True)
+        queue.append((label, variant["layout"]["steps"], run))
+    gpus = visible_gpus() if side_by_side > 1 else None
+    free = list(gpus or [])
+    running: list[Launched] = []
+    walls: list[float] = []
+    # A scheduler's SIGTERM ends the ablation like Ctrl-C: the runs in flight (each in its own
+    # session, so not signalled with the runner) are stopped and recorded, never orphaned.
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_stopped) if on_main else None
     try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise AblationError(f"{path}: cannot read the ablation plan: {e}") from None
+        while queue or running:
+            while queue and len(running) < side_by_side:
+                label, steps, run = queue[0]
+                need, mine = run.get("ngpu", plan["ngpu"]), None
+                if gpus and need <= len(gpus):  # no GPUs (CPU): the runs share the cores
+                    if need > len(free):
+                        break
+                    mine, free = free[:need], free[need:]
+                elif gpus and running:
+                    break  # wants more GPUs than the node has: alone, as one at a time would
+                queue.pop(0)
+                running.append(_start(run, out, label, steps, timeout, mine))
+            time.sleep(1.0)
+            mean_wall = sum(walls) / len(walls) if walls else 0.0
+            for job in list(running):
+                rc = job.poll(mean_wall * len(queue) / side_by_side)
+                if rc is None:
+                    continue
+                running.remove(job)
+                free += job.gpus or []
+                walls.append(job.wall)
+                _record(job, rc)
+    except (KeyboardInterrupt, Stopped) as e:
+        stopped = e if isinstance(e, Stopped) else Stopped("Ctrl-C")
+        for job in running:
+            job.stop()
+            _record(job, job.proc.returncode, stopped_by=stopped.why)
+        raise stopped from None
+    finally:
+        if on_main:
+            signal.signal(signal.SIGTERM, previous)
 
 
-def _keep_earlier_calls(plan: dict, earlier: dict, out: Path, only: set[str] | None) -> None:
-    # Plans written before entries named their call: the plan-level values were that call's.
-    call = {k: earlier.get(k) for k in ("command", "sets", "environment")}
-    kept = {v["name"]: v for v in earlier["variants"] if not v.get("error")}
-    for i, v in enumerate(plan["variants"]):
-        old = kept.get(v["name"])
-        if old is None or v["error"]:
-            continue
-        finished = all(finished_before(read_status(out / r["dir"]), r) for r in v["runs"])
-        if (only is not None and v["name"] not in only) or finished:
-            old.setdefault("call", call)
-            plan["variants"][i] = old
+class Stopped(Exception):
+    """The runner got Ctrl-C or SIGTERM (`why`); the runs in flight were stopped and recorded."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
-def _save_plan(plan: dict, out: Path) -> None:
-    (out / PLAN_FILE).write_text(json.dumps(plan, indent=1) + "\n")
+def _raise_stopped(signum, frame) -> None:
+    raise Stopped(signal.Signals(signum).name)
 
 
-def finished_before(status: dict[str, Any] | None, run: dict) -> bool:
-    """The run's status.json says it finished ok with the same command but for where it
-    writes: a study folder copied or moved (or reached by another path) keeps its finished runs
-    under --resume."""
-
-    def key(command: str) -> list[str]:
-        return [t for t in shlex.split(command) if not t.startswith("--job.dump_folder=")]
-
-    ok = status is not None and status["status"] == "ok"
-    return ok and key(status["command"]) == key(run["command"])
-
-
-def read_status(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / "status.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+def _start(
+    run: dict, out: Path, label: str, steps: int, timeout: float, gpus: list[str] | None
+) -> Launched:
+    run_dir = out / run["dir"]
+    if run_dir.exists():  # metrics.jsonl appends and checkpoints resume: start clean
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    on = f" (GPUs {','.join(gpus)})" if gpus else ""
+    print(f"{label}{on}: {run['command']}", flush=True)
+    return Launched(run["command"], run_dir, label, steps, timeout, gpus)
 
 
-def fill_predictions(out: Path, plan: dict, sets: list[str]) -> int:
-    """Predicts the memory of the variants planned with --no-estimate (e.g. to spend no GPU
-    time on it) from their runs' arguments, on any machine, and writes the plan back; the
-    note says the prediction came after the runs. sets: extra overrides (e.g. the device
-    memory for the fits verdict). Returns how many variants were predicted."""
-    done = 0
-    for v in plan["variants"]:
-        if v["error"] or v.get("memory", {}).get("note") != NOT_ESTIMATED:
-            continue
-        run = v["runs"][0]
-        args = ["--job.config_file", plan["spec"]["config_file"], *run["args"]]
-        config = load_config(args + [f"--{s}" for s in sets])
-        v["memory"] = predict_memory(config, run["ngpu"])
-        if v["memory"]["predicted_peak_gib"] is not None:
-            v["memory"]["note"] = "predicted after the runs (--report --estimate)"
-        done += 1
-    _save_plan(plan, out)
-    return done
+def _record(job: Launched, rc: int, stopped_by: str = "") -> None:
+    """status.json of a run that ended; stopped_by: what stopped the runner while it ran (a run
+    that had exited cleanly by then still counts as ok)."""
+    job.log.close()
+    status: dict[str, Any] = {"status": "ok" if rc == 0 else "failed", "returncode": rc}
+    status.update(wall_s=job.wall, command=job.command)
+    status["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    if job.gpus is not None:
+        status["gpus"] = job.gpus
+    if rc != 0 and stopped_by:
+        status["error"] = f"stopped: the ablation runner got {stopped_by} (rerun with --resume)"
+        print(f"{job.label}: {status['error']}", flush=True)
+    elif rc != 0:
+        status["error"] = error_line(job.run_dir / "train.log", rc)
+        print(f"{job.label}: FAILED in {_fmt_s(job.wall)}: {status['error']}", flush=True)
+    else:
+        print(f"{job.label}: done in {_fmt_s(job.wall)}", flush=True)
+    (job.run_dir / "status.json").write_text(json.dumps(status, indent=1) + "\n")

@@ -29,7 +29,7 @@ Names (the variants', [ablation] name) become folders: letters, digits, '_', '.'
 given twice (e.g. "training.steps" = 1 beside training.steps = 2) and a repeated seed are errors.
 
 Precedence for one run: recipe < steps < [overrides] < variant < seed < --set. Whether a key
-exists and its value is valid is checked by the config loader itself (see runner.plan), so an
+exists and its value is valid is checked by the config loader itself (see plan.plan_variant), so an
 override of a key the engine does not have is an error, never silently dropped.
 """
 

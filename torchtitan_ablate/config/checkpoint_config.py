@@ -1,5 +1,5 @@
-"""The [checkpoint] and [comm] sections: what a run saves and loads, and how long a rank waits
-for the others. Field docstrings are the reference text, as in job_config.py."""
+"""The [checkpoint] section: what a run saves and loads. Field docstrings are the reference
+text, as in job_config.py."""
 
 from dataclasses import dataclass
 from typing import Literal
@@ -36,15 +36,3 @@ class Checkpoint:
     """Build the model in one process (NGPU=1, degrees 1; needs enable = true), write its initial
     weights to <folder>/step-0 and exit; every layout then starts from them through
     initial_load_path (or by resuming in this dump folder)."""
-
-
-@dataclass
-class Comm:
-    init_timeout_seconds: int = 300
-    """Seconds a rank waits in a collective before it fails, until the first step is done
-    (start-up, model build, checkpoint load and the first, maybe compiled, step)."""
-
-    train_timeout_seconds: int = 100
-    """Seconds a rank waits in a collective after the first step before it fails with one line
-    (a stalled or dead rank). Raise it when one rank may lag that long, e.g. rank 0 pruning old
-    checkpoints on a slow disk while the others wait."""

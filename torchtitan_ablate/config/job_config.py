@@ -7,7 +7,8 @@ reference text (`scripts/config_reference.py` turns them into docs/config_refere
 from dataclasses import dataclass, field
 from typing import Literal
 
-from torchtitan_ablate.config.checkpoint_config import Checkpoint, Comm
+from torchtitan_ablate.config.checkpoint_config import Checkpoint
+from torchtitan_ablate.config.comm_config import Comm
 from torchtitan_ablate.config.dpo_config import DPO
 from torchtitan_ablate.config.measure_config import (
     MemoryEstimation,
@@ -186,7 +187,8 @@ class Training:
     """Run Python's garbage collector every this many steps (automatic GC off in between)."""
 
 
-# optimizer.no_decay: the parameter classes components/optimizer.py can exempt from weight decay.
+# optimizer.no_decay: the parameter classes that components/optim/optimizer.py can exempt from
+# weight decay.
 NO_DECAY_CLASSES = ("norm", "bias", "embedding", "output", "lora")
 
 

@@ -1,5 +1,5 @@
 """Loading a JobConfig: defaults < TOML file < CLI, every value checked against its type, then
-against the rules of validation.py.
+against the rules of rules.py.
 
 A user mistake raises ConfigError with one line naming the key, the value and what is allowed;
 entry points turn it into that line on stderr and exit code 2 (see `exit_on_config_error`).
@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar
 from torchtitan_ablate.config.errors import ConfigError, one_line, report
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.config.paths import PATH_KEYS, resolve_toml_path
-from torchtitan_ablate.config.validation import validate
+from torchtitan_ablate.config.rules import validate
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,18 +36,18 @@ def _sections() -> dict[str, type]:
     return {f.name: f.type for f in dataclasses.fields(JobConfig)}
 
 
-def _field_types(section_cls: type) -> dict[str, Any]:
+def field_types(section_cls: type) -> dict[str, Any]:
     return typing.get_type_hints(section_cls)
 
 
-def _describe(tp: Any) -> str:
+def describe_type(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in typing.get_args(tp))
+        return " or ".join(describe_type(a) for a in typing.get_args(tp))
     if origin is list:
-        return f"a list of {_describe(typing.get_args(tp)[0])}"
+        return f"a list of {describe_type(typing.get_args(tp)[0])}"
     if tp is type(None):
         return "none"
     return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(
@@ -125,7 +125,7 @@ def _set(config: JobConfig, section: str, key: str, value: Any, source: str) -> 
         raise ConfigError(
             f"{source}: unknown config section [{section}]; known sections: " + ", ".join(sections)
         )
-    types_ = _field_types(sections[section])
+    types_ = field_types(sections[section])
     if key not in types_:
         raise ConfigError(
             f"{source}: unknown key '{section}.{key}'; keys of [{section}]: " + ", ".join(types_)
@@ -140,7 +140,7 @@ def _set(config: JobConfig, section: str, key: str, value: Any, source: str) -> 
         ) from None
     except (TypeError, ValueError):
         raise ConfigError(
-            f"{source}: {section}.{key} = {value!r} is not valid; expected {_describe(tp)}"
+            f"{source}: {section}.{key} = {value!r} is not valid; expected {describe_type(tp)}"
         ) from None
     setattr(getattr(config, section), key, coerced)
 
@@ -207,7 +207,7 @@ def load_config(argv: list[str] | None = None) -> JobConfig:
     return config
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -215,7 +215,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     raise TypeError(value)
 
 
@@ -226,7 +226,7 @@ def to_toml(config: JobConfig) -> str:
         lines.append(f"[{f.name}]")
         for k, v in dataclasses.asdict(getattr(config, f.name)).items():
             if v is not None:
-                lines.append(f"{k} = {_toml_value(v)}")
+                lines.append(f"{k} = {toml_value(v)}")
         lines.append("")
     return "\n".join(lines)
 

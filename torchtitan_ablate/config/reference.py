@@ -6,14 +6,20 @@ import dataclasses
 import inspect
 from collections.abc import Iterator
 
-from torchtitan_ablate.config import checkpoint_config, dpo_config, job_config, measure_config
+from torchtitan_ablate.config import (
+    checkpoint_config,
+    comm_config,
+    dpo_config,
+    job_config,
+    measure_config,
+)
 from torchtitan_ablate.config.job_config import JobConfig
-from torchtitan_ablate.config.manager import _describe, _field_types, _toml_value
+from torchtitan_ablate.config.manager import describe_type, field_types, toml_value
 
 
 def field_docs() -> dict[str, dict[str, str]]:
     """{class name: {field: docstring}} read from the string literal under each field."""
-    modules = (job_config, measure_config, dpo_config, checkpoint_config)
+    modules = (job_config, measure_config, dpo_config, checkpoint_config, comm_config)
     body = [n for m in modules for n in ast.parse(inspect.getsource(m)).body]
     docs: dict[str, dict[str, str]] = {}
     for node in body:
@@ -35,10 +41,10 @@ def config_keys() -> Iterator[tuple[str, list[tuple[str, str, str, str]]]]:
     docs, defaults = field_docs(), JobConfig()
     for section in dataclasses.fields(JobConfig):
         cls, rows = section.type, []
-        for name, tp in _field_types(cls).items():
+        for name, tp in field_types(cls).items():
             value = getattr(getattr(defaults, section.name), name)
-            shown = "none" if value is None else _toml_value(value)
-            rows.append((name, _describe(tp), shown, docs.get(cls.__name__, {}).get(name, "")))
+            shown = "none" if value is None else toml_value(value)
+            rows.append((name, describe_type(tp), shown, docs.get(cls.__name__, {}).get(name, "")))
         yield section.name, rows
 
 

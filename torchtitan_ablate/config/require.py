@@ -1,4 +1,4 @@
-"""The one-line checks the config rules are written with (validation.py, data_rules.py)."""
+"""The one-line checks the config rules are written with (rules.py, training_rules.py)."""
 
 from torchtitan_ablate.config.errors import ConfigError
 

@@ -16,7 +16,7 @@ such rank, summed there over its experts. At top-8 of 128 experts over 4 ranks a
 
 Every sum runs in float32 (permute.py) without atomics: deterministic. The backward reuses the
 forward's splits, so it syncs with the host nowhere. Under the estimator's forced routing
-(memory/routing.py) the host counts differ from the data's; every index is clamped to the sizes
+(estimator/routing.py) the host counts differ from the data's; every index is clamped to the sizes
 the counts give, so the shapes are the forced ones.
 
 Shape legend: T tokens of this rank, K top_k, D model dim, W ep degree, L local experts,

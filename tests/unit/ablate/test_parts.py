@@ -6,7 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from torchtitan_ablate.ablate import markdown, runner
+from torchtitan_ablate.ablate import markdown, plan
 from torchtitan_ablate.ablate.spec import load_spec
 
 STUDY = """
@@ -25,9 +25,9 @@ training.seq_len = 64
 
 def _call(spec, path, out, sets, only, resume=True):
     argv = ["ablate", str(path), *(a for s in sets for a in ("--set", s))]
-    plan = runner.make_plan(spec, str(path), None, sets, argv, estimate=False)
-    runner.write_plan(plan, out, resume, only)
-    return json.loads((out / runner.PLAN_FILE).read_text())
+    made = plan.make_plan(spec, str(path), None, sets, argv, estimate=False)
+    plan.write_plan(made, out, resume, only)
+    return json.loads((out / plan.PLAN_FILE).read_text())
 
 
 def _finish(out, plan, name):
@@ -51,7 +51,7 @@ def test_each_variant_keeps_the_call_that_ran_it(tmp_path):
     # Plans written before variants named their call: the plan-level values were that call's.
     for v in first["variants"]:
         del v["call"]
-    (out / runner.PLAN_FILE).write_text(json.dumps(first))
+    (out / plan.PLAN_FILE).write_text(json.dumps(first))
 
     second = _call(spec, path, out, ["training.steps=3"], {"b"})
     a, b = _variant(second, "a"), _variant(second, "b")
@@ -93,9 +93,9 @@ def test_resume_over_a_damaged_plan_is_one_line_and_keeps_it(tmp_path, capsys):
     path, out = tmp_path / "study.toml", tmp_path / "out"
     path.write_text(STUDY)
     out.mkdir()
-    (out / runner.PLAN_FILE).write_text('{"variants": [')
+    (out / plan.PLAN_FILE).write_text('{"variants": [')
     assert cli.main([str(path), "--out", str(out), "--resume", "--no-estimate"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("ablation error: ") and "cannot read the ablation plan" in line
     assert "move it aside or rerun without --resume" in line
-    assert (out / runner.PLAN_FILE).read_text() == '{"variants": ['
+    assert (out / plan.PLAN_FILE).read_text() == '{"variants": ['

@@ -3,8 +3,8 @@ the reason only for configs the estimator cannot model (ConfigError), never for 
 
 import pytest
 
-import torchtitan_ablate.memory
-from torchtitan_ablate.ablate.runner import predict_memory
+import torchtitan_ablate.estimator
+from torchtitan_ablate.ablate.plan import predict_memory
 from torchtitan_ablate.config import ConfigError, load_config
 
 
@@ -20,7 +20,7 @@ def fake_estimate(config):
 
 @pytest.mark.parametrize("device_gib, fits", [(12.0, True), (10.0, False)])
 def test_verdict_counts_the_context_like_estimation_py(monkeypatch, device_gib, fits):
-    monkeypatch.setattr(torchtitan_ablate.memory, "estimate", fake_estimate)
+    monkeypatch.setattr(torchtitan_ablate.estimator, "estimate", fake_estimate)
     memory = predict_memory(config(device_gib), 4)
     assert memory == {
         "predicted_peak_gib": 9.0, "fits": fits, "device_memory_gib": device_gib, "note": ""
@@ -31,7 +31,7 @@ def test_config_the_estimator_cannot_model_is_na_with_reason(monkeypatch):
     def refuse(config):
         raise ConfigError("parallelism.fsdp_cpu_offload = true is not supported\nmore")
 
-    monkeypatch.setattr(torchtitan_ablate.memory, "estimate", refuse)
+    monkeypatch.setattr(torchtitan_ablate.estimator, "estimate", refuse)
     memory = predict_memory(config(80.0), 1)
     assert memory["fits"] is None and memory["predicted_peak_gib"] is None
     assert memory["note"] == "n/a: parallelism.fsdp_cpu_offload = true is not supported"
@@ -41,6 +41,6 @@ def test_estimator_bug_is_not_hidden(monkeypatch):
     def broken(config):
         raise KeyError("peak")
 
-    monkeypatch.setattr(torchtitan_ablate.memory, "estimate", broken)
+    monkeypatch.setattr(torchtitan_ablate.estimator, "estimate", broken)
     with pytest.raises(KeyError):
         predict_memory(config(80.0), 1)

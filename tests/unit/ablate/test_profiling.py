@@ -6,7 +6,11 @@ from types import SimpleNamespace
 import torch
 from torch.autograd import DeviceType
 
-from torchtitan_ablate.components.profiling import CommProfiler, busy_us, time_shares
+from torchtitan_ablate.components.observability.comm_profile import (
+    CommProfiler,
+    busy_us,
+    time_shares,
+)
 from torchtitan_ablate.config.job_config import Metrics
 
 

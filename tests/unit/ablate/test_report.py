@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from torchtitan_ablate.ablate.plan import PLAN_FILE
 from torchtitan_ablate.ablate.report import build_rows, write_report
-from torchtitan_ablate.ablate.runner import PLAN_FILE
-from torchtitan_ablate.ablate.schedule import error_line
+from torchtitan_ablate.ablate.runner import error_line
 
 ENV = {"git_commit": "abc", "git_dirty": False, "python": "3", "torch": "2", "cuda": None}
 ENV |= {"platform": "p", "cpu": "c", "cpu_count": 2, "gpus": []}

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from torchtitan_ablate.ablate import runner, schedule
+from torchtitan_ablate.ablate import plan, runner
 
 
 def test_progress_prints_every_logged_step(tmp_path, capsys):
@@ -17,7 +17,7 @@ def test_progress_prints_every_logged_step(tmp_path, capsys):
     script = f"import time; open({metrics!r}, 'w').write({rows!r} + '{{\"step\": 4'); "
     script += "time.sleep(1.5)"
     cmd = shlex.join(["NGPU=1", "CONFIG_FILE=x", sys.executable, "-c", script])
-    job = schedule.Launched(cmd, tmp_path, "run", steps=4, timeout=0.0)
+    job = runner.Launched(cmd, tmp_path, "run", steps=4, timeout=0.0)
     job.proc.wait()
     assert job.poll(eta_rest=0.0) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  run: step")]
@@ -61,7 +61,7 @@ def test_side_by_side_runs_get_disjoint_gpus(tmp_path, monkeypatch):
     # Three 1-GPU runs, then a 2-GPU run that must wait for two free GPUs, then a 1-GPU run
     # that queues behind it (plan order), and one wanting more GPUs than the node has.
     plan = _plan(tmp_path, [1, 1, 1, 2, 1, 8]) | {"side_by_side": 4}
-    schedule.run_all(plan, tmp_path, resume=False)
+    runner.run_all(plan, tmp_path, resume=False)
     ran = _ran(tmp_path)
     assert sorted(r["gpus"] for r in (ran["v0"], ran["v1"], ran["v2"])) == ["4", "5", "6"]
     assert _overlap(ran["v0"], ran["v2"]) and len(ran["v3"]["gpus"].split(",")) == 2
@@ -77,7 +77,7 @@ def test_side_by_side_runs_get_disjoint_gpus(tmp_path, monkeypatch):
 
 def test_one_at_a_time_by_default(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    schedule.run_all(_plan(tmp_path, [1, 1]), tmp_path, resume=False)
+    runner.run_all(_plan(tmp_path, [1, 1]), tmp_path, resume=False)
     ran = _ran(tmp_path)
     assert not _overlap(ran["v0"], ran["v1"])
     assert ran["v0"]["gpus"] == ran["v1"]["gpus"] == "2,3"  # the runner's own, untouched
@@ -89,14 +89,14 @@ def test_resume_skips_runs_finished_in_a_moved_folder(tmp_path, monkeypatch, cap
     runs = [v["runs"][0] for v in plan["variants"]]
     for run in runs:
         run["command"] += f" --job.dump_folder={tmp_path}/old/{run['dir']}"
-    schedule.run_all(plan, tmp_path, resume=False)
+    runner.run_all(plan, tmp_path, resume=False)
     (tmp_path / "ran.jsonl").unlink()
     # The folder was copied elsewhere (the dump paths change); v1 also changed an argument.
     for run in runs:
         run["command"] = run["command"].replace("/old/", "/new/")
     runs[1]["command"] += " --training.steps=2"
     capsys.readouterr()
-    schedule.run_all(plan, tmp_path, resume=True)
+    runner.run_all(plan, tmp_path, resume=True)
     out = capsys.readouterr().out
     assert "v0 seed 0: finished before, skipped (--resume)" in out
     assert "v1 seed 0: finished before with other arguments, run again" in out
@@ -105,7 +105,7 @@ def test_resume_skips_runs_finished_in_a_moved_folder(tmp_path, monkeypatch, cap
 
 def test_only_runs_the_named_variants(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    schedule.run_all(_plan(tmp_path, [1, 1, 1]), tmp_path, resume=False, only={"v0", "v2"})
+    runner.run_all(_plan(tmp_path, [1, 1, 1]), tmp_path, resume=False, only={"v0", "v2"})
     assert set(_ran(tmp_path)) == {"v0", "v2"}
     assert not (tmp_path / "runs" / "v1").exists()
 
@@ -126,9 +126,9 @@ def test_wandb_runs_grouped_by_ablation_named_by_variant_and_seed():
     from torchtitan_ablate.ablate.spec import AblationSpec, Variant
 
     spec = AblationSpec("abl", "train_configs/debug_model.toml", [Variant("v1", {})], seeds=[1, 2])
-    off = runner.plan_variant(spec, spec.variants[0], 1, [], estimate=False)
+    off = plan.plan_variant(spec, spec.variants[0], 1, [], estimate=False)
     assert not any("wandb" in a for r in off["runs"] for a in r["args"])  # not enabled: none
-    on = runner.plan_variant(spec, spec.variants[0], 1, ["metrics.enable_wandb=true"], False)
+    on = plan.plan_variant(spec, spec.variants[0], 1, ["metrics.enable_wandb=true"], False)
     assert [r["args"][-2:] for r in on["runs"]] == [
         ["--metrics.wandb_group=abl", f"--metrics.wandb_run_name=v1-seed{s}"] for s in (1, 2)
     ]
@@ -137,11 +137,11 @@ def test_wandb_runs_grouped_by_ablation_named_by_variant_and_seed():
 _RUNNER = """
 import json, sys
 from pathlib import Path
-from torchtitan_ablate.ablate import schedule
+from torchtitan_ablate.ablate import runner
 out = Path(sys.argv[1])
 try:
-    schedule.run_all(json.loads((out / "plan.json").read_text()), out, resume=False)
-except schedule.Stopped:
+    runner.run_all(json.loads((out / "plan.json").read_text()), out, resume=False)
+except runner.Stopped:
     sys.exit(143)
 """
 

@@ -9,7 +9,7 @@ import pytest
 from tests.unit.components.test_sft import CONV
 from tests.unit.components.test_tokenizer import make_hf_tokenizer_json
 from torchtitan_ablate.components.data.sft import ChatRenderer
-from torchtitan_ablate.components.tokenizer import build_tokenizer
+from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError
 
 # Qwen3's template in short: the last reply (after the last user turn) gets an empty think block,

@@ -21,9 +21,9 @@ from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.dist_utils import run_distributed
-from torchtitan_ablate.components import checkpoint_folder
-from torchtitan_ablate.components.checkpoint import CheckpointManager
-from torchtitan_ablate.components.checkpoint_state import TrainState
+from torchtitan_ablate.components.checkpoint import folder as checkpoint_folder
+from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
+from torchtitan_ablate.components.checkpoint.state import TrainState
 from torchtitan_ablate.config import ConfigError
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from torchtitan_ablate.components.data import build_dataloader
-from torchtitan_ablate.components.tokenizer import build_tokenizer
+from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[3]

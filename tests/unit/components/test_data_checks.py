@@ -12,7 +12,7 @@ import pytest
 
 from tests.unit.components.test_data import loader, rows, write_jsonl
 from torchtitan_ablate.components.data.datasets import TextDocuments
-from torchtitan_ablate.components.tokenizer import build_tokenizer
+from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}

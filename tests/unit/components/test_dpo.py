@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from torchtitan_ablate.components.data.preference import pair_row
-from torchtitan_ablate.components.dpo import METRICS, DPOLoss, token_logps
+from torchtitan_ablate.components.objective.dpo import METRICS, DPOLoss, token_logps
 from torchtitan_ablate.config.dpo_config import DPO
 from torchtitan_ablate.models.common.lora import adapters_off, apply_lora
 from torchtitan_ablate.models.qwen3 import Qwen3Model, Qwen3ModelArgs, Qwen3StateDictAdapter

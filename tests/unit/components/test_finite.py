@@ -13,8 +13,8 @@ from torch.distributed.fsdp import fully_shard
 
 from tests.checkpoint_damage import poison_saved_tensor
 from tests.dist_utils import run_distributed
-from torchtitan_ablate.components.checkpoint import CheckpointManager
-from torchtitan_ablate.components.finite import NonFiniteError, nonfinite_step_values
+from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
+from torchtitan_ablate.components.objective.finite import NonFiniteError, nonfinite_step_values
 from torchtitan_ablate.config import ConfigError
 
 NAN, INF = float("nan"), float("inf")

@@ -15,7 +15,7 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
-from torchtitan_ablate.components.hf_checkpoint import (
+from torchtitan_ablate.components.checkpoint.hf import (
     INDEX_FILE,
     hf_model_args,
     load_hf_weights,

@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 import torch
 
-from torchtitan_ablate.components.loss import (
+from torchtitan_ablate.components.objective.loss import (
     IGNORE_INDEX,
     chunked_linear_cross_entropy_sum,
     chunked_loss_head,

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from torchtitan_ablate.build import build_loss_fn
-from torchtitan_ablate.components import loss as loss_module
-from torchtitan_ablate.components.loss import (
+from torchtitan_ablate.components.objective import loss as loss_module
+from torchtitan_ablate.components.objective.loss import (
     IGNORE_INDEX,
     check_kernel_loss,
     cross_entropy_sum,

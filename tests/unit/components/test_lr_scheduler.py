@@ -5,7 +5,7 @@ import logging
 import pytest
 import torch
 
-from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler, lr_factor
+from torchtitan_ablate.components.optim.lr_scheduler import build_lr_scheduler, lr_factor
 from torchtitan_ablate.config.job_config import LRScheduler
 
 

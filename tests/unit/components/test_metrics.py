@@ -9,9 +9,9 @@ import types
 import pytest
 import torch
 
-from torchtitan_ablate.components import metrics as metrics_mod
-from torchtitan_ablate.components import trackers
-from torchtitan_ablate.components.metrics import MetricsLogger, _hms
+from torchtitan_ablate.components.observability import metrics as metrics_mod
+from torchtitan_ablate.components.observability import trackers
+from torchtitan_ablate.components.observability.metrics import MetricsLogger, _hms
 from torchtitan_ablate.config import ConfigError
 from torchtitan_ablate.config.job_config import Metrics
 

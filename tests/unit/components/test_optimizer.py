@@ -11,8 +11,8 @@ from torch import nn
 
 from tests.dist_utils import captured_log, run_distributed
 from tests.integration.parallel_harness import assert_same_training, train_layout
-from torchtitan_ablate.components.checkpoint import CheckpointManager
-from torchtitan_ablate.components.optimizer import build_optimizer, decay_classes
+from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
+from torchtitan_ablate.components.optim.optimizer import build_optimizer, decay_classes
 from torchtitan_ablate.config import ConfigError, load_config
 from torchtitan_ablate.config.job_config import Optimizer as OptimizerConfig
 from torchtitan_ablate.models.common.lora import apply_lora

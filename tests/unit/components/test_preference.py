@@ -12,7 +12,7 @@ from tests.loader_checks import assert_resumes_exactly
 from torchtitan_ablate.components.data import IGNORE_INDEX, build_dataloader
 from torchtitan_ablate.components.data.preference import PairRenderer
 from torchtitan_ablate.components.data.sft import ChatRenderer
-from torchtitan_ablate.components.tokenizer import build_tokenizer
+from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from torchtitan_ablate.components.checkpoint import CheckpointManager
-from torchtitan_ablate.components.lr_scheduler import build_lr_scheduler
-from torchtitan_ablate.components.optimizer import build_optimizer
-from torchtitan_ablate.components.run_settings import describe_changes, run_settings
+from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
+from torchtitan_ablate.components.checkpoint.run_settings import describe_changes, run_settings
+from torchtitan_ablate.components.optim.lr_scheduler import build_lr_scheduler
+from torchtitan_ablate.components.optim.optimizer import build_optimizer
 from torchtitan_ablate.config import JobConfig
 
 

@@ -9,7 +9,7 @@ import torch
 from tests.loader_checks import assert_resumes_exactly
 from torchtitan_ablate.components.data import IGNORE_INDEX, build_dataloader
 from torchtitan_ablate.components.data.sft import ChatRenderer, special_token_id
-from torchtitan_ablate.components.tokenizer import build_tokenizer
+from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[3]

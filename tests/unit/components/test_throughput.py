@@ -8,13 +8,17 @@ from types import SimpleNamespace
 import torch
 from torch.autograd import DeviceType
 
-from torchtitan_ablate.components.metrics import (
+from torchtitan_ablate.components.observability.comm_profile import (
+    CommProfiler,
+    exposed_and_idle,
+    time_shares,
+)
+from torchtitan_ablate.components.observability.metrics import (
     MetricsLogger,
     attention_pairs,
     median_noise,
     steady_values,
 )
-from torchtitan_ablate.components.profiling import CommProfiler, exposed_and_idle, time_shares
 from torchtitan_ablate.config.job_config import Metrics
 
 
@@ -45,7 +49,7 @@ def test_steady_values_leave_out_warmup_and_profiled_steps():
 
 
 def test_record_has_real_and_processed_tokens_and_both_mfus(tmp_path, monkeypatch):
-    from torchtitan_ablate.components import metrics as metrics_mod
+    from torchtitan_ablate.components.observability import metrics as metrics_mod
 
     now = [0.0]
     monkeypatch.setattr(metrics_mod.time, "perf_counter", lambda: now[0])

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from torchtitan_ablate.components.tokenizer import (
+from torchtitan_ablate.components.text.tokenizer import (
     QWEN_PATTERN,
     Tokenizer,
     build_tokenizer,

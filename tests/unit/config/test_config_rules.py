@@ -1,4 +1,4 @@
-"""The rules of config/validation.py, each through load_config: a value out of range or a
+"""The rules of config/rules.py, each through load_config: a value out of range or a
 combination that cannot run is one line naming the key; the values at the edges load. Also the
 import direction: config imports nothing from the packages that use it."""
 

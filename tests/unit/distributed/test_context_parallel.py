@@ -13,8 +13,12 @@ import torch
 import torch.distributed as dist
 
 from tests.dist_utils import run_distributed
-from torchtitan_ablate.components.loss import IGNORE_INDEX, cross_entropy_sum, num_valid_tokens
-from torchtitan_ablate.distributed.compile import apply_compile
+from torchtitan_ablate.components.compile import apply_compile
+from torchtitan_ablate.components.objective.loss import (
+    IGNORE_INDEX,
+    cross_entropy_sum,
+    num_valid_tokens,
+)
 from torchtitan_ablate.distributed.context_parallel import (
     apply_cp,
     build_cp_mask,

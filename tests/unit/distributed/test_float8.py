@@ -13,13 +13,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from torchtitan_ablate.config import ConfigError
-from torchtitan_ablate.config.job_config import Float8
-from torchtitan_ablate.distributed.float8 import (
+from torchtitan_ablate.components.quantization.float8 import (
     _convert_experts,
     apply_float8,
     float8_post_optimizer_step,
 )
+from torchtitan_ablate.config import ConfigError
+from torchtitan_ablate.config.job_config import Float8
 from torchtitan_ablate.models.common.experts import GroupedExperts
 from torchtitan_ablate.models.common.output_head import OutputHead
 from torchtitan_ablate.models.qwen3.args import qwen3_flavors

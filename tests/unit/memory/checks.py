@@ -1,7 +1,7 @@
 """The estimate-vs-real-ranks rule shared by the CPU memory checks."""
 
 from torchtitan_ablate.config.job_config import JobConfig
-from torchtitan_ablate.memory.validate import measure_cpu
+from torchtitan_ablate.estimator.measure import measure_cpu
 
 
 def assert_estimate_matches_ranks(

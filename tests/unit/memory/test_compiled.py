@@ -1,4 +1,5 @@
-"""The estimate of compiled programs (memory/compiled.py) and the estimator's no-patching rule."""
+"""The estimate of compiled programs (estimator/compiled.py) and the estimator's no-patching
+rule."""
 
 import ast
 import pathlib
@@ -7,11 +8,11 @@ import pytest
 import torch
 from torch import fx
 
-from torchtitan_ablate.components.loss import cross_entropy_sum
+from torchtitan_ablate.components.objective.loss import cross_entropy_sum
 from torchtitan_ablate.config import load_config
-from torchtitan_ablate.memory import estimate
-from torchtitan_ablate.memory.compiled import FakeInductor, realized_nodes
-from torchtitan_ablate.memory.tracker import MemoryTracker
+from torchtitan_ablate.estimator import estimate
+from torchtitan_ablate.estimator.compiled import FakeInductor, realized_nodes
+from torchtitan_ablate.estimator.tracker import MemoryTracker
 
 from .checks import assert_estimate_matches_ranks
 

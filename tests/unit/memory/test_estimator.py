@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from torchtitan_ablate.config import ConfigError, load_config
-from torchtitan_ablate.memory import estimate, estimate_main
+from torchtitan_ablate.estimator import estimate, estimate_main
 
 from .checks import assert_estimate_matches_ranks
 
@@ -188,7 +188,7 @@ def test_attention_stand_in_writes_out_in_the_query_layout():
     # projection becomes a copy saved for backward (+6.4% on the 0.6B recipe, 28 blocks).
     import torch
 
-    from torchtitan_ablate.memory.cuda_model import _fused_attention
+    from torchtitan_ablate.estimator.cuda_model import _fused_attention
 
     q_BHSK = torch.empty(2, 16, 8, 4).transpose(1, 2)  # [B, S, H, K] storage
     kv_BJSK = torch.empty(2, 16, 2, 4).transpose(1, 2)

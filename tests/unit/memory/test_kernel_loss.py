@@ -1,4 +1,4 @@
-"""The stand-ins for the liger / cce loss kernels (memory/kernel_loss.py): their allocations
+"""The stand-ins for the liger / cce loss kernels (estimator/kernel_loss.py): their allocations
 against the packages' (liger-kernel 0.8.5, cut-cross-entropy 25.1.1), and the estimate of both
 loss_impls with neither package nor CUDA present."""
 
@@ -7,11 +7,11 @@ import importlib.util
 import pytest
 import torch
 
-from torchtitan_ablate.components import loss as loss_module
+from torchtitan_ablate.components.objective import loss as loss_module
 from torchtitan_ablate.config import ConfigError, load_config
-from torchtitan_ablate.memory import estimate
-from torchtitan_ablate.memory.kernel_loss import cce_sum, liger_chunk_size, liger_sum
-from torchtitan_ablate.memory.tracker import MemoryTracker
+from torchtitan_ablate.estimator import estimate
+from torchtitan_ablate.estimator.kernel_loss import cce_sum, liger_chunk_size, liger_sum
+from torchtitan_ablate.estimator.tracker import MemoryTracker
 
 GIB = 1024**3
 SCALARS = 64  # bytes: the loss and the reductions' 0-d results, alive for a few ops

@@ -12,8 +12,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from transformers import AutoModelForCausalLM
 
-from torchtitan_ablate.components.hf_checkpoint import save_hf_checkpoint
-from torchtitan_ablate.components.tokenizer import build_tokenizer
+from torchtitan_ablate.components.checkpoint.hf import save_hf_checkpoint
+from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import load_config, to_toml
 from torchtitan_ablate.models.qwen3 import Qwen3Model, qwen3_flavors
 from torchtitan_ablate.models.qwen3.generate import generate, sample_next

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from torchtitan_ablate.components.compile import apply_compile
 from torchtitan_ablate.distributed.activation_checkpoint import apply_ac
-from torchtitan_ablate.distributed.compile import apply_compile
 from torchtitan_ablate.models.common.init import ParamInit, canonical_name
 from torchtitan_ablate.models.common.lora import apply_lora, init_lora_weights
 from torchtitan_ablate.models.qwen3 import Qwen3Model, Qwen3ModelArgs

@@ -30,7 +30,7 @@ from torchtitan_ablate.components.data.mixing import MixedDocuments, ShuffledDoc
 from torchtitan_ablate.components.data.packing import PACKING_MODES, PackedDataset
 from torchtitan_ablate.components.data.preference import PreferenceDataset, PreferencePairs
 from torchtitan_ablate.components.data.sft import SFT_PACKING_MODES, ChatDocuments, SFTDataset
-from torchtitan_ablate.components.tokenizer import Tokenizer
+from torchtitan_ablate.components.text.tokenizer import Tokenizer
 
 DATASETS = ("synthetic", "text", "chat", "preference")
 
@@ -62,7 +62,7 @@ def build_dataloader(
     see sft.py; preference: .jsonl pairs for DPO, see preference.py (max_bad_rows: rows skipped
     before the first bad row is an error). shuffle_buffer: documents in the shuffle buffer (0 =
     read in order). synthetic_doc_len: tokens per synthetic document with its EOS (0: random)."""
-    # The user-facing rules on these values live in config/validation.py (load_config).
+    # The user-facing rules on these values live in config/rules.py (load_config).
     modes = SFT_PACKING_MODES if dataset in ("chat", "preference") else PACKING_MODES
     assert dataset in DATASETS and packing in modes, (dataset, packing)
     if not 0 <= dp_rank < dp_world_size:

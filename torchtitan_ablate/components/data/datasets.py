@@ -29,7 +29,7 @@ import torch
 
 from torchtitan_ablate.components.data.errors import KEY, DatasetError
 from torchtitan_ablate.components.data.parquet import check_parquet, parquet_rows, require_pyarrow
-from torchtitan_ablate.components.tokenizer import Tokenizer
+from torchtitan_ablate.components.text.tokenizer import Tokenizer
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 PARQUET = ".parquet"  # dataset = "text" only: chat rows are nested, read from .jsonl

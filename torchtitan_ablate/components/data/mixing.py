@@ -38,7 +38,7 @@ class MixedDocuments:
     its own epochs, so a small source is repeated (with its warning) rather than exhausted."""
 
     def __init__(self, sources: list[Source], weights: list[float], seed: int) -> None:
-        assert len(sources) == len(weights) and min(weights) > 0, weights  # config/validation.py
+        assert len(sources) == len(weights) and min(weights) > 0, weights  # config/rules.py
         self.sources, self.seed = sources, seed
         total = sum(weights)
         self.bounds = list(itertools.accumulate(w / total for w in weights))

@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from torchtitan_ablate.components.data.datasets import SyntheticDocuments, TextDocuments
-from torchtitan_ablate.components.loss import IGNORE_INDEX
+from torchtitan_ablate.components.objective.loss import IGNORE_INDEX
 
 PACKING_MODES = ("greedy", "padding")
 SHARDING_MODES = ("documents", "rows")
@@ -64,7 +64,7 @@ class PackedDataset(IterableDataset):
         sharding: str = "documents",
         local_batch_size: int = 1,
     ) -> None:
-        # The loader checked both (config/validation.py states the rules).
+        # The loader checked both (config/rules.py states the rules).
         assert packing in PACKING_MODES and sharding in SHARDING_MODES, (packing, sharding)
         self.source, self.seq_len, self.packing = source, seq_len, packing
         self.eos_id, self.pad_id = eos_id, pad_id

@@ -18,7 +18,7 @@ one DatasetError naming its file and line; else up to max_bad_rows are skipped a
 Rows (sft.build_row's dict plus num_pairs): each sequence is its own document (positions from
 0, attention masked), chosen of pair k is document 2k and its rejected document 2k + 1, so a
 pair is never split over rows; padding is the last segment. `num_pairs` [1 per row] is what
-the loss is divided by (components/dpo.py). Packing as for chat (greedy / best_fit / padding:
+the loss is divided by (objective/dpo.py). Packing as for chat (greedy / best_fit / padding:
 one pair per row, chosen and rejected as two documents), the pair being the unit. State
 (source position + open rows) resumes exactly.
 """
@@ -39,7 +39,7 @@ from torchtitan_ablate.components.data.sft import (
     SFTDataset,
     build_row,
 )
-from torchtitan_ablate.components.tokenizer import Tokenizer
+from torchtitan_ablate.components.text.tokenizer import Tokenizer
 
 logger = logging.getLogger("torchtitan_ablate")
 

@@ -3,7 +3,7 @@
 Input: .jsonl files (or folders of them), one conversation per line:
     {"messages": [{"role": "system" | "user" | "assistant" | ..., "content": "..."}, ...]}
 Rendering: with the tokenizer folder's own chat_template (tokenizer_config.json) when it has one,
-trained tokens being each assistant reply through its <|im_end|> (components/chat_template.py);
+trained tokens being each assistant reply through its <|im_end|> (components/text/chat_template.py);
 else Qwen's chat format (no thinking tags added), per message:
     <|im_start|>{role}\\n{content}<|im_end|>\\n
 with <|im_start|> / <|im_end|> taken from the tokenizer's own special tokens. Trained tokens are
@@ -33,7 +33,6 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from torchtitan_ablate.components.chat_template import TemplateRenderer
 from torchtitan_ablate.components.data.datasets import KEY, DatasetError, TextDocuments
 from torchtitan_ablate.components.data.packing import (
     IGNORE_INDEX,
@@ -41,7 +40,8 @@ from torchtitan_ablate.components.data.packing import (
     shard_for_this_worker,
     warn_if_dp_changed,
 )
-from torchtitan_ablate.components.tokenizer import Tokenizer
+from torchtitan_ablate.components.text.chat_template import TemplateRenderer
+from torchtitan_ablate.components.text.tokenizer import Tokenizer
 from torchtitan_ablate.config import ConfigError
 
 SFT_PACKING_MODES = ("greedy", "best_fit", "padding")
@@ -66,7 +66,7 @@ def special_token_id(tokenizer: Tokenizer, name: str) -> int:
 
 class ChatRenderer:
     """Messages -> (tokens, trained mask): with the tokenizer folder's chat_template when it has
-    one (components/chat_template.py), else in the built-in Qwen chat format."""
+    one (components/text/chat_template.py), else in the built-in Qwen chat format."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer

@@ -51,7 +51,7 @@ class DenseKernel:
     F.scaled_dot_product_attention on [B, heads, S, K] inputs.
 
     The seam for the memory estimator, which installs a stand-in holding only what CUDA's fused
-    kernels save (memory/cuda_model.py) through `dense_kernel_with`; nothing else replaces it.
+    kernels save (estimator/cuda_model.py) through `dense_kernel_with`; nothing else replaces it.
     `native_gqa_and_documents`: the kernel takes K/V at their own head count and packed
     documents without a dense mask (as flex, varlen and flash do), so neither the repeat of K/V
     to the query heads nor the [B, 1, S, S] document mask is built for it."""

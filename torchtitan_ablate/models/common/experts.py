@@ -95,7 +95,7 @@ class GroupedExperts(nn.Module):
 
 class CountReader:
     """Reads MoE token counts on the host. The default reads the tensors (a device->host sync);
-    the memory estimator installs one that assumes a routing (memory/routing.py)."""
+    the memory estimator installs one that assumes a routing (estimator/routing.py)."""
 
     def expert_splits(self, counts_E: torch.Tensor, n_rows: int) -> list[int]:
         """Rows per expert for the per-expert loop (a CPU path: not taken on CUDA bf16)."""

@@ -82,7 +82,7 @@ def apply_lora(
 ) -> int:
     """Adds adapters to `target_modules` of every block and freezes every other parameter.
 
-    The settings are a loaded config's (config/validation.py checked them); `target_modules`
+    The settings are a loaded config's (config/rules.py checked them); `target_modules`
     are names of config's LORA_TARGETS. Returns the number of adapter parameters. Works on any
     device (meta included).
     """

@@ -1,15 +1,19 @@
 """The output projection, which can also return the cross-entropy sum directly.
 
 Computing the loss inside the head's own forward keeps FSDP's hooks in charge of its weight
-(gathered before, resharded and reduced after) while a loss head (components/loss.py: chunked,
-Liger-Kernel, cut cross-entropy) never materialises the [B, S, V] logits. The parameter stays
-`output.weight` for checkpoints and the HF adapter.
+(gathered before, resharded and reduced after) while a loss head (components/objective/loss.py:
+chunked, Liger-Kernel, cut cross-entropy) never materialises the [B, S, V] logits. The parameter
+stays `output.weight` for checkpoints and the HF adapter.
 """
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from torchtitan_ablate.components.loss import LossHead
+LossHead = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""(h_BSD, weight_VD, labels_BS) -> float32 cross-entropy sum over labels that are not ignored
+(components/objective/loss.py builds them)."""
 
 
 class OutputHead(nn.Linear):

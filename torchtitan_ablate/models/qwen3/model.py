@@ -6,7 +6,6 @@ Shape legend: B batch, S sequence, D model dim, H query heads, J kv heads, K hea
 import torch
 from torch import nn
 
-from torchtitan_ablate.components.loss import LossHead
 from torchtitan_ablate.models.common.attention import (
     AttentionMask,
     attention,
@@ -16,7 +15,7 @@ from torchtitan_ablate.models.common.feed_forward import FeedForward
 from torchtitan_ablate.models.common.init import ParamInit, init_for
 from torchtitan_ablate.models.common.moe import MoE
 from torchtitan_ablate.models.common.norms import RMSNorm
-from torchtitan_ablate.models.common.output_head import OutputHead
+from torchtitan_ablate.models.common.output_head import LossHead, OutputHead
 from torchtitan_ablate.models.common.rope import apply_rope, rope_cos_sin
 from torchtitan_ablate.models.qwen3.args import Qwen3ModelArgs
 
@@ -177,7 +176,7 @@ class Qwen3Model(nn.Module):
     ) -> torch.Tensor:
         """Logits [B, S, V]. document_ids_BS: attend only within a document (packed rows);
         positions_BS then restart per document (the data loader supplies them).
-        With labels_BS and loss_head (build_loss_fn's, components/loss.py): instead the float32
+        With labels_BS and loss_head (build_loss_fn's, objective/loss.py): instead the float32
         cross-entropy sum over labels != -100, from the final hidden states and the output
         weight, without the whole batch's logits."""
         h_BSD = self.forward_hidden(tokens_BS, positions_BS, document_ids_BS)

@@ -18,14 +18,14 @@ import logging
 import torch
 import torch.nn as nn
 
+from torchtitan_ablate.components.compile import INDUCTOR, CompileBackend, apply_compile
+from torchtitan_ablate.components.quantization.float8 import apply_float8
 from torchtitan_ablate.config import ConfigError
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.distributed.activation_checkpoint import apply_ac
-from torchtitan_ablate.distributed.compile import INDUCTOR, CompileBackend, apply_compile
 from torchtitan_ablate.distributed.context_parallel import apply_cp
 from torchtitan_ablate.distributed.ep_token_dispatch import TokenDispatchExperts
 from torchtitan_ablate.distributed.expert_parallel import apply_ep
-from torchtitan_ablate.distributed.float8 import apply_float8
 from torchtitan_ablate.distributed.fsdp import AccumulationPlan, apply_fsdp, describe_layout
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.models.common.lora import apply_lora, make_ep_lora_experts

@@ -15,7 +15,7 @@ import torch
 from torchtitan_ablate.models.qwen3.args import Qwen3ModelArgs
 
 # native suffix within a block -> HF suffix within model.layers.N.
-_BLOCK_KEYS = {
+BLOCK_KEYS = {
     "attention.wq.weight": "self_attn.q_proj.weight",
     "attention.wk.weight": "self_attn.k_proj.weight",
     "attention.wv.weight": "self_attn.v_proj.weight",
@@ -25,12 +25,12 @@ _BLOCK_KEYS = {
     "attention_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
 }
-_DENSE_KEYS = {
+DENSE_KEYS = {
     "feed_forward.w1.weight": "mlp.gate_proj.weight",
     "feed_forward.w3.weight": "mlp.up_proj.weight",
     "feed_forward.w2.weight": "mlp.down_proj.weight",
 }
-_HUB_EXPERT = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+HUB_EXPERT = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 LAYOUTS = ("hub", "fused")
 
 
@@ -95,7 +95,7 @@ class Qwen3StateDictAdapter:
                 shapes[theirs + "mlp.experts.down_proj"] = (e, a.dim, i)
                 continue
             for x in range(e):
-                for w, name in _HUB_EXPERT.items():
+                for w, name in HUB_EXPERT.items():
                     shape = (a.dim, i) if w == "w2" else (i, a.dim)
                     shapes[f"{theirs}mlp.experts.{x}.{name}.weight"] = shape
         return shapes
@@ -108,7 +108,7 @@ class Qwen3StateDictAdapter:
         """Native -> HF. Tied models omit lm_head; expert_bias (no HF equivalent) is dropped."""
         optional = {"output.weight"} if self.args.tie_embeddings else set()
         optional |= {k for k in native_sd if k.endswith("moe.expert_bias")}
-        _check(native_sd, self.native_shapes(), optional, "native")
+        check_keys(native_sd, self.native_shapes(), optional, "native")
         a = self.args
         hf = {
             "model.embed_tokens.weight": native_sd["tok_embeddings.weight"],
@@ -121,15 +121,15 @@ class Qwen3StateDictAdapter:
             if not moe:
                 continue
             hf[theirs + "mlp.gate.weight"] = native_sd[ours + "moe.router.gate.weight"]
-            w = {k: native_sd[f"{ours}moe.experts.{k}"] for k in _HUB_EXPERT}
+            w = {k: native_sd[f"{ours}moe.experts.{k}"] for k in HUB_EXPERT}
             if layout == "fused":
                 hf[theirs + "mlp.experts.gate_up_proj"] = torch.cat([w["w1"], w["w3"]], dim=1)
                 hf[theirs + "mlp.experts.down_proj"] = w["w2"]
                 continue
             for x in range(a.num_experts):
-                for k, name in _HUB_EXPERT.items():
+                for k, name in HUB_EXPERT.items():
                     hf[f"{theirs}mlp.experts.{x}.{name}.weight"] = w[k][x]
-        _check(hf, self.hf_shapes(layout), set(), f"HF ({layout})")
+        check_keys(hf, self.hf_shapes(layout), set(), f"HF ({layout})")
         return hf
 
     def from_hf(self, hf_sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -141,7 +141,7 @@ class Qwen3StateDictAdapter:
         if a.tie_embeddings:  # a tied checkpoint may still carry lm_head; it is ignored
             expected["lm_head.weight"] = (a.vocab_size, a.dim)
             optional.add("lm_head.weight")
-        _check(hf_sd, expected, optional, f"HF ({layout})")
+        check_keys(hf_sd, expected, optional, f"HF ({layout})")
         embed = hf_sd["model.embed_tokens.weight"]
         native = {"tok_embeddings.weight": embed, "norm.weight": hf_sd["model.norm.weight"]}
         native["output.weight"] = embed if a.tie_embeddings else hf_sd["lm_head.weight"]
@@ -162,7 +162,7 @@ class Qwen3StateDictAdapter:
                             for x in range(a.num_experts)
                         ]
                     )
-                    for k, name in _HUB_EXPERT.items()
+                    for k, name in HUB_EXPERT.items()
                 }
             native.update({f"{ours}moe.experts.{k}": t for k, t in w.items()})
             if a.moe_bias_update_rate > 0:
@@ -175,11 +175,11 @@ def _blocks(args: Qwen3ModelArgs) -> Iterator[tuple[str, str, dict[str, str], bo
     one (attention, norms, dense MLP), and whether its MLP is MoE."""
     for n in range(args.n_layers):
         ours, theirs, moe = f"layers.{n}.", f"model.layers.{n}.", args.is_moe_layer(n)
-        suffixes = {**_BLOCK_KEYS, **({} if moe else _DENSE_KEYS)}
+        suffixes = {**BLOCK_KEYS, **({} if moe else DENSE_KEYS)}
         yield ours, theirs, {ours + k: theirs + v for k, v in suffixes.items()}, moe
 
 
-def _check(
+def check_keys(
     sd: dict[str, torch.Tensor],
     expected: dict[str, tuple[int, ...]],
     optional: set[str],

@@ -1,0 +1,100 @@
+"""Held-out loss during training: the training model, loss function and data pipeline, on
+`validation.steps` micro-batches per data-parallel rank, without gradients.
+
+Every validation reads the same micro-batches (the loader is rewound to its start), so the
+figures of one run are comparable step to step; the loss is a sum over tokens divided by the
+global valid-token count, as in training, so it is the same under any parallel layout of the
+same global rows.
+"""
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+from torchtitan_ablate.components.data import build_dataloader
+from torchtitan_ablate.components.data.datasets import KEY, DatasetError
+from torchtitan_ablate.components.objective.loss import num_valid_tokens
+from torchtitan_ablate.components.text.tokenizer import Tokenizer
+from torchtitan_ablate.config.job_config import Training, Validation
+from torchtitan_ablate.distributed import utils as dist_utils
+from torchtitan_ablate.distributed.context_parallel import place_micro_batch
+from torchtitan_ablate.distributed.parallel_dims import ParallelDims
+
+# A held-out synthetic stream: the training seed plus this, so no row repeats training's.
+SYNTHETIC_SEED_OFFSET = 1_000_003
+
+
+@contextmanager
+def _naming_validation_data() -> Iterator[None]:
+    """Data errors name the validation key, not training's (the readers share their checks)."""
+    try:
+        yield
+    except DatasetError as e:
+        raise DatasetError(str(e).replace(KEY, "validation.dataset_path")) from None
+
+
+class Validator:
+    def __init__(
+        self,
+        config: Validation,
+        training: Training,
+        tokenizer: Tokenizer,
+        parallel_dims: ParallelDims,
+        device: torch.device,
+    ) -> None:
+        self.config = config
+        self.parallel_dims = parallel_dims
+        self.device = device
+        batch = config.local_batch_size
+        with _naming_validation_data():
+            self.loader = build_dataloader(
+                dataset=training.dataset,
+                dataset_path=config.dataset_path,
+                tokenizer=tokenizer,
+                seq_len=training.seq_len,
+                local_batch_size=batch if batch != -1 else training.local_batch_size,
+                packing=training.packing,
+                dp_rank=parallel_dims.dp_rank(),
+                dp_world_size=parallel_dims.dp,
+                seed=training.seed + SYNTHETIC_SEED_OFFSET,
+                pin_memory=device.type == "cuda",
+                data_sharding=training.data_sharding,
+                text_field=training.dataset_text_field,  # held-out data of the same kind
+                synthetic_doc_len=training.synthetic_doc_len,
+            )
+            self.start = self.loader.state_dict()
+        for _ in self._micro_batches():  # bad held-out data fails now, not steps into the run
+            pass
+
+    def should_run(self, step: int, last_step: int) -> bool:
+        return step % self.config.freq == 0 or step == last_step
+
+    def _micro_batches(self) -> Iterator[dict]:
+        """This rank's validation micro-batches, from the loader's start every time."""
+        self.loader.load_state_dict(self.start)
+        rows = iter(self.loader)
+        with _naming_validation_data():
+            for _ in range(self.config.steps):
+                yield next(rows)
+
+    @torch.no_grad()
+    def run(self, model: torch.nn.Module, loss_fn: Callable) -> float:
+        """Mean cross-entropy per valid token over all ranks' validation micro-batches."""
+        pd = self.parallel_dims
+        # Validation routing must not count towards the expert-load metrics of the log window.
+        saved_load = [moe.tokens_per_expert.clone() for moe in model.moe_layers()]
+        # Eval mode: LoRA dropout off, so the figure is deterministic and no RNG is drawn.
+        was_training = model.training
+        model.eval()
+        loss_sum = torch.zeros((), device=self.device)
+        tokens = torch.zeros((), device=self.device)
+        for batch in self._micro_batches():
+            batch = place_micro_batch(batch, pd, self.device)
+            loss_sum += loss_fn(model, batch).float()
+            tokens += num_valid_tokens(batch["labels"])
+        model.train(was_training)
+        for moe, load in zip(model.moe_layers(), saved_load, strict=True):
+            moe.tokens_per_expert.copy_(load)
+        totals = dist_utils.all_reduce_sum(torch.stack([loss_sum, tokens]), pd.loss_group())
+        return (totals[0] / totals[1].clamp(min=1)).item()

@@ -1,0 +1,145 @@
+"""estimate(config): rank 0's peak memory for one training step, from fake tensors.
+
+1. Prepare the config for the program CUDA would run (`prepare_config`): CUDA's dtypes and
+   kernels; compile settings kept.
+2. In one process: fake process group of N ranks (rank 0), FakeTensorMode, fake cpu device.
+3. `tracked_step`: the trainer's build path and train_step, tracked by MemoryTracker, with MoE
+   routing forced (routing.py), CUDA's attention kernel stood in (cuda_model.py), the Triton
+   loss kernels of loss_impl liger / cce stood in (kernel_loss.py) and, where the
+   config compiles, torch.compile's backend set to `compiled.FakeInductor` (the build path's
+   `compile_backend` seam): Inductor's partitioned graphs run on fake tensors.
+"""
+
+import copy
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+import torch
+
+from torchtitan_ablate.config import ConfigError, JobConfig
+from torchtitan_ablate.estimator import cuda_model, kernel_loss
+from torchtitan_ablate.estimator.compiled import FakeInductor, describe_program
+from torchtitan_ablate.estimator.fake_env import fake_tensors, fake_world, resolve_world_size
+from torchtitan_ablate.estimator.routing import forced_routing
+from torchtitan_ablate.estimator.step import tracked_step
+from torchtitan_ablate.estimator.tracker import CATEGORIES
+from torchtitan_ablate.models.common.attention import resolve_backend
+from torchtitan_ablate.models.qwen3.parallelize import param_dtype
+
+logger = logging.getLogger("torchtitan_ablate")
+GIB = 1024**3
+TARGETS = ("cuda", "cpu")
+
+
+def prepare_config(config: JobConfig, target: str) -> tuple[JobConfig, list[str]]:
+    """A copy of config for the program that `target` runs; and notes on what was changed."""
+    cfg = copy.deepcopy(config)
+    notes = []
+    if cfg.parallelism.fsdp_cpu_offload:
+        raise ConfigError(
+            "parallelism.fsdp_cpu_offload = true is not supported by the memory estimator"
+        )
+    if cfg.model.attn_backend not in ("sdpa", "auto") and target == "cpu":
+        raise ConfigError(
+            f"model.attn_backend = {cfg.model.attn_backend!r}: the CPU estimate (validation) "
+            "runs sdpa only"
+        )
+    if target == "cuda":
+        cfg.training.cpu_mixed_precision = True  # CUDA's compute dtype on the fake cpu device
+        if cfg.model.attn_backend != "sdpa":
+            # Every CUDA backend is a fused kernel with the same saved tensors (cuda_model.py).
+            notes.append(
+                f"attn_backend {cfg.model.attn_backend!r} modelled as a fused kernel "
+                "(q, k, v, out, lse saved)"
+            )
+        cfg.model.attn_backend = "sdpa"
+    return cfg, notes
+
+
+@contextmanager
+def fresh_dynamo() -> Iterator[None]:
+    """Dynamo's caches emptied before and after: graphs traced on another fake mode (or real
+    tensors) would be guarded out and count towards its recompile limit, past which blocks run
+    eager silently; a generous limit covers a model whose blocks differ (MoE and dense)."""
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
+            yield
+    finally:
+        torch._dynamo.reset()
+
+
+def estimate(config: JobConfig, target: str = "cuda") -> dict:
+    """Peak memory of rank 0 for one steady-state training step, by category (bytes and GiB).
+
+    target "cuda" (the default) estimates the GPU run; "cpu" the CPU run of the same config (for
+    validation against real CPU processes).
+    """
+    if target not in TARGETS:
+        raise ValueError(f"target = {target!r}: one of {TARGETS}")
+    start = time.perf_counter()
+    world_size = resolve_world_size(config)
+    me = config.memory_estimation
+    cfg, notes = prepare_config(config, target)
+    cuda = target == "cuda"
+    grouped_mm = param_dtype(cfg, "cpu") == torch.bfloat16 if cuda else None
+    backend = FakeInductor()
+    with ExitStack() as stack:
+        stack.enter_context(fake_world(world_size))
+        stack.enter_context(fresh_dynamo())
+        stack.enter_context(forced_routing(me.ep_imbalance))
+        if cuda:
+            native = resolve_backend(config.model.attn_backend, torch.device("cuda")) != "sdpa"
+            stack.enter_context(cuda_model.cuda_attention(native))
+            stack.enter_context(kernel_loss.cuda_kernel_losses())
+        try:
+            result = tracked_step(
+                cfg,
+                world_size,
+                torch.device("cpu"),
+                optimizer_device_type="cuda" if cuda else "cpu",
+                round_bytes=cuda_model.ROUND_BYTES if cuda else 1,
+                grouped_mm=grouped_mm,
+                tensor_mode=fake_tensors(),
+                compile_backend=backend,
+            )
+        except (ValueError, NotImplementedError) as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(f"memory estimation cannot run this config: {e}") from e
+    tracker, pd = result.tracker, result.parallel_dims
+    moe = any("moe" in k for k in tracker.module_activations)
+    assumption = "all ranks symmetric (same shapes on every rank)"
+    if pd.ep_enabled:
+        assumption = (
+            f"EP: balanced routing (each expert T*k/E tokens); rank 0 receives "
+            f"{me.ep_imbalance:g}x the mean rows (memory_estimation.ep_imbalance)"
+        )
+    elif moe:
+        assumption = "MoE without EP: memory does not depend on routing"
+    ctx = cuda_model.context_gib(world_size) if cuda else 0.0
+    by_category = {k: tracker.peak_by_category[k] / GIB for k in CATEGORIES}
+    return {
+        "world_size": world_size,
+        "target": target,
+        "parallel_dims": str(pd),
+        "grad_accum": result.grad_accum,
+        "peak_bytes": tracker.peak,
+        "peak_gib": tracker.peak / GIB,
+        "context_gib": ctx,
+        "by_category": by_category,
+        "peak_where": tracker.peak_where,
+        "top_modules": _top_modules(tracker.module_activations),
+        "ranks": [{"rank": 0, "peak_gib": tracker.peak / GIB, "assumption": assumption}],
+        "notes": notes,
+        "program": describe_program(cfg, backend),
+        "n_params": result.n_params,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _top_modules(per_module: dict[str, int], k: int = 10) -> list[dict]:
+    top = sorted(per_module.items(), key=lambda kv: -kv[1])[:k]
+    return [{"module": name or "(top level)", "gib": n / GIB} for name, n in top]
