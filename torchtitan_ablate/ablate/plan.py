@@ -179,7 +179,7 @@ def read_plan(out: Path) -> dict:
 
 
 def _keep_earlier_calls(plan: dict, earlier: dict, out: Path, only: set[str] | None) -> None:
-    # Plans written before entries named their call: the plan-level values were that call's.
+    # An entry that names no call of its own takes the plan-level values: one call ran them all.
     call = {k: earlier.get(k) for k in ("command", "sets", "environment")}
     kept = {v["name"]: v for v in earlier["variants"] if not v.get("error")}
     for i, v in enumerate(plan["variants"]):

@@ -36,8 +36,8 @@ COLUMNS = [
     "grad_accum", "tokens_per_step", "compute_pct", "exposed_comm_pct", "idle_pct", "data_pct",
     "comm_pct", "gpu_util_pct", "profile_method", "error", "verdict",
 ]  # fmt: skip
-# Keys of the trainer's metrics.jsonl the report takes steady-state medians of (older files
-# lack the later ones: their columns are then n/a).
+# Keys of the trainer's metrics.jsonl the report takes steady-state medians of (a file without
+# one of them gives n/a in its column).
 STEADY_KEYS = {
     "tps": "tps_median", "tps_processed": "tps_processed_median", "tflops": "tflops",
     "mfu": "mfu_pct", "mfu_doc": "mfu_doc_pct", "data_time_frac": "data_pct",
@@ -278,7 +278,7 @@ def build_rows(out: Path) -> tuple[dict, list[dict]]:
     rows = [summarize_variant(v, out, warmup, target) for v in plan["variants"]]
     by_name = {row["variant"]: row for row in rows}
     for row, variant in zip(rows, plan["variants"]):
-        # Plans written before variants could name their baseline compare with the first.
+        # A variant that names no baseline compares with the first.
         compare(row, by_name.get(variant.get("baseline"), rows[0]))
     return plan, rows
 

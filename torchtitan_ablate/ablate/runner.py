@@ -175,8 +175,9 @@ def run_all(
     free = list(gpus or [])
     running: list[Launched] = []
     walls: list[float] = []
-    # A scheduler's SIGTERM ends the ablation like Ctrl-C: the runs in flight (each in its own
-    # session, so not signalled with the runner) are stopped and recorded, never orphaned.
+    # A scheduler's SIGTERM ends the ablation like Ctrl-C: the runs in flight (each started with
+    # start_new_session, so not signalled with the runner) are stopped and recorded, never
+    # orphaned.
     on_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_stopped) if on_main else None
     try:

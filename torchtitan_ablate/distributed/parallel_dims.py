@@ -1,6 +1,6 @@
 """ParallelDims: the parallel degrees of a run and the only place DeviceMeshes are made.
 
-Layout (DESIGN.md): one world mesh (dp_replicate, dp_shard, cp) for dense parameters; expert
+Layout: one world mesh (dp_replicate, dp_shard, cp) for dense parameters; expert
 parallel borrows its ranks from dp_shard * cp, so experts live on a second view of the same
 ranks, (dp_replicate, efsdp, ep) with efsdp = dp_shard * cp / ep. Rank order is row-major in both,
 so an ep group is a block of consecutive ranks inside one dp_shard * cp block.

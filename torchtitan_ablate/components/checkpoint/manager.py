@@ -304,7 +304,7 @@ class CheckpointManager:
                 f"checkpoint {path} records no settings (an older version saved it): this run's "
                 "optimizer and LR schedule settings apply; what changed cannot be listed"
             )
-        for name in self.states:  # added after the checkpoint was written (train_state)
+        for name in self.states:  # a state the checkpoint lacks (train_state) keeps its defaults
             if not any(k == name or k.startswith(f"{name}.") for k in keys):
                 state.pop(name)
                 logger.warning(f"checkpoint {path} has no {name}: it starts from its defaults")

@@ -164,7 +164,7 @@ class SchedulerList:
             raise ConfigError(
                 f"checkpoint has {len(states)} LR schedulers, run has {len(self.schedulers)}"
             )
-        # Older checkpoints hold LambdaLR's whole state; its step is all that is read.
+        # A checkpoint may hold LambdaLR's whole state; its step is all that is read.
         for sched, state in zip(self.schedulers, states):
             set_schedule_step(sched, state["last_epoch"])
 

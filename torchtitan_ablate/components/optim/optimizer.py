@@ -73,7 +73,7 @@ def build_optimizer(
     classes = decay_classes(model_parts, config.no_decay)
     decay, keep = _split(classes)
     # An empty group is left out: DCP's flattened optimizer state dict cannot load one. Groups
-    # carry only torch's own keys, so a checkpoint of the old single group loads into these
+    # carry only torch's own keys, so a checkpoint of a single-group optimizer loads into these
     # (its state is keyed by FQN, and checkpoint/state.py keeps this run's group settings).
     groups = [
         group
