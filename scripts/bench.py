@@ -33,9 +33,9 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from torchtitan_ablate.build import build_data, build_layout, build_run
-from torchtitan_ablate.components.data.bench_corpus import DEFAULT_OUT, with_corpus
 from torchtitan_ablate.components.observability.comm_profile import exposed_and_idle, is_gpu_kernel
 from torchtitan_ablate.components.observability.metrics import device_peak_tflops
+from torchtitan_ablate.components.text.bench_corpus import DEFAULT_OUT, with_corpus
 from torchtitan_ablate.config import JobConfig, exit_on_config_error, load_config
 from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.models.qwen3 import Qwen3ModelArgs

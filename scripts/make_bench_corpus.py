@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from torchtitan_ablate.components.data.bench_corpus import (
+from torchtitan_ablate.components.text.bench_corpus import (
     DEFAULT_OUT,
     HELDOUT,
     TRAIN,

@@ -67,7 +67,7 @@ def test_trace_without_profile_exits_2(capsys):
 
 
 def test_bench_corpus_switch_trains_on_it_and_records_its_hash(tmp_path, capsys):
-    from torchtitan_ablate.components.data.bench_corpus import build
+    from torchtitan_ablate.components.text.bench_corpus import build
 
     (tmp_path / "src").mkdir()
     for i in range(3):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from torchtitan_ablate.components.data import bench_corpus as bc
+from torchtitan_ablate.components.text import bench_corpus as bc
 from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError
 
