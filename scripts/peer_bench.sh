@@ -42,8 +42,10 @@ PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" scripts/make_bench_corpus.py
 HASH=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["content_hash"])' "$CORPUS/manifest.json")
 echo "[peer_bench] corpus $CORPUS, content_hash $HASH"
 
+# TTPEER_CORPUS reaches torchtitan_ablate; torchtitan's recipe reads the peer's own assets/data
+# unless told otherwise, so its data path is given too.
 export TTPEER_CORPUS="$CORPUS/train.jsonl" ATTN="${ATTN:-flex}"
-export TT_ARGS="--model.hf_assets_path $CORPUS/tokenizer ${TT_ARGS:-}"
+export TT_ARGS="--model.hf_assets_path $CORPUS/tokenizer --training.dataset_path $TTPEER_CORPUS ${TT_ARGS:-}"
 export OURS_ARGS="--model.tokenizer_path $CORPUS/tokenizer ${OURS_ARGS:-}"
 bash "$PEER_DIR/run_peer.sh" "$1"
 rc=$?
