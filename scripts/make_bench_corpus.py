@@ -7,10 +7,12 @@ DIR (default outputs/bench_corpus) receives train.jsonl, heldout.jsonl (every 50
 tokenizer/ (bench.tiktoken, and the same tokenizer as tokenizer.json for Hugging Face
 `tokenizers`) and manifest.json (Python version, token counts, sha256 per file, content_hash).
 Speed figures compare only at an equal content_hash: another Python version gives another corpus.
-A build whose manifest still matches its sources and files is skipped (about a minute otherwise).
+A build whose manifest still matches its sources and files is skipped (a build takes 10 s to
+about a minute on one core).
 
   --check       verify DIR against the sources and its manifest, write nothing (exit 1 if stale);
-                where `tokenizers` is installed, also that it and the engine give the same ids
+                where `tokenizers` is installed, also that it gives the engine's ids for every
+                document (a build compares the held-out ones)
   --overrides   build if needed, then print the command-line overrides that point a recipe at
                 the corpus, for `./run_train.sh --job.config_file X $(python ... --overrides)`
   --stdlib SRC  read the documents from SRC instead of this interpreter's stdlib folder
