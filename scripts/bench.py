@@ -2,7 +2,7 @@
 
     python scripts/bench.py --job.config_file train_configs/qwen3_0.6b.toml [--section.key v ...]
         [--steps 10] [--warmup 3] [--peer hf] [--peer-compile] [--peer-bf16-weights]
-        [--profile [--trace FILE]]
+        [--profile [--trace FILE]] [--bench-corpus [DIR]]
 
 Times the engine's own train step (same build path as training) and, with --peer hf,
 Hugging Face transformers' model of the same shape in the same process and the same way
@@ -15,7 +15,7 @@ Results also go to <job.dump_folder>/bench.json. Several GPUs (expert / data par
 (matmul, attention, elementwise/fused, copies, optimizer, collectives), the top kernels, and the
 share of the window the GPU sat idle (host-bound time), the operators by own GPU time, and
 where host syncs come from; --trace FILE[.gz] also writes the profiled steps' chrome trace
-(rank 0).
+(rank 0). --bench-corpus: scripts/make_bench_corpus.py's data and tokenizer (outputs/bench_corpus).
 """
 
 import argparse
@@ -35,6 +35,7 @@ from torch.profiler import ProfilerActivity, profile
 from torchtitan_ablate.build import build_data, build_layout, build_run
 from torchtitan_ablate.components.observability.comm_profile import exposed_and_idle, is_gpu_kernel
 from torchtitan_ablate.components.observability.metrics import device_peak_tflops
+from torchtitan_ablate.components.text.bench_corpus import DEFAULT_OUT, with_corpus
 from torchtitan_ablate.config import JobConfig, exit_on_config_error, load_config
 from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.models.qwen3 import Qwen3ModelArgs
@@ -275,6 +276,7 @@ def main(argv: list[str]) -> list[dict]:
     parser.add_argument(
         "--trace", default=None, help="with --profile: rank 0 writes the chrome trace here (.gz ok)"
     )
+    parser.add_argument("--bench-corpus", nargs="?", const=DEFAULT_OUT, metavar="DIR")
     args, rest = parser.parse_known_args(argv)
     if args.steps < 1:
         parser.error(f"--steps {args.steps}: timed steps, at least 1")
@@ -289,6 +291,7 @@ def main(argv: list[str]) -> list[dict]:
     if int(os.environ.get("RANK", 0)) != 0:  # under torchrun rank 0 prints the tables
         sys.stdout = open(os.devnull, "w")
     with exit_on_config_error():
+        rest, corpus = with_corpus(args.bench_corpus, rest)
         config = load_config(rest)
         engine, batches, model_args = bench_engine(
             config, args.warmup, args.steps, args.profile, args.trace
@@ -316,6 +319,7 @@ def main(argv: list[str]) -> list[dict]:
         if hf is not None:
             rows.append(_row(hf, flops, peak))
             rows[-1]["engine_speedup"] = rows[0]["tps"] / rows[-1]["tps"]
+    print(f"data: {corpus or config.training.dataset_path}")
     print("| model | tokens/s/GPU | TFLOP/s | MFU % | step s | active / reserved GiB |")
     print("|---|---|---|---|---|---|")
     for r in rows:
@@ -336,7 +340,7 @@ def main(argv: list[str]) -> list[dict]:
     if torch.distributed.get_rank() == 0:
         os.makedirs(config.job.dump_folder, exist_ok=True)
         with open(os.path.join(config.job.dump_folder, "bench.json"), "w") as f:
-            json.dump({"config": config.job.config_file, "rows": rows}, f, indent=1)
+            json.dump(dict(config=config.job.config_file, corpus=corpus, rows=rows), f, indent=1)
     dist_utils.destroy_distributed()
     return rows
 

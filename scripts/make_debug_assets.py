@@ -16,22 +16,14 @@ vocabulary, copied names, counting and simple arithmetic.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
-import os
 import random
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
-import regex
-
-from torchtitan_ablate.components.text.tokenizer import (
-    QWEN_PATTERN,
-    TIKTOKEN_SPECIALS,
-    save_tiktoken_ranks,
-)
+from torchtitan_ablate.components.text.bpe import count_pretokens, train_bpe, write_atomically
+from torchtitan_ablate.components.text.tokenizer import TIKTOKEN_SPECIALS, save_tiktoken_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_DOCS = 650
@@ -139,54 +131,9 @@ def make_corpus(num_docs: int = NUM_DOCS, seed: int = 1234) -> list[str]:
     return [make_document(rng, surnames) for _ in range(num_docs)]
 
 
-def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """write(tmp) beside path, then rename: an interrupted run never leaves a truncated asset."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Not mkstemp: its 0600 mode would survive the rename; a plain file gets the umask's mode.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_corpus(corpus: list[str], path: Path) -> None:
     text = "".join(json.dumps({"text": t}) + "\n" for t in corpus)
     write_atomically(path, lambda tmp: tmp.write_text(text, encoding="ascii"))
-
-
-def train_bpe(texts: list[str], num_ranks: int) -> dict[bytes, int]:
-    """Plain byte-level BPE over unique pre-tokens; ties broken by the smallest pair bytes."""
-    pattern = regex.compile(QWEN_PATTERN)
-    counts = collections.Counter(w for t in texts for w in pattern.findall(t))
-    words = [[bytes([b]) for b in w.encode("utf-8")] for w in sorted(counts)]
-    freqs = [counts[w] for w in sorted(counts)]
-    ranks = {bytes([b]): b for b in range(256)}
-    while len(ranks) < num_ranks:
-        pairs: collections.Counter = collections.Counter()
-        for parts, freq in zip(words, freqs):
-            for pair in zip(parts, parts[1:]):
-                pairs[pair] += freq
-        if not pairs:
-            break  # every pre-token is already a single token
-        best = min(pairs, key=lambda p: (-pairs[p], p))
-        merged = best[0] + best[1]
-        ranks[merged] = len(ranks)
-        for i, parts in enumerate(words):
-            if len(parts) < 2:
-                continue
-            out, j = [], 0
-            while j < len(parts):
-                if j + 1 < len(parts) and (parts[j], parts[j + 1]) == best:
-                    out.append(merged)
-                    j += 2
-                else:
-                    out.append(parts[j])
-                    j += 1
-            words[i] = out
-    return ranks
 
 
 def write_assets(root: Path) -> list[Path]:
@@ -194,7 +141,7 @@ def write_assets(root: Path) -> list[Path]:
     data = root / "assets" / "data" / "debug_corpus.jsonl"
     tok = root / "assets" / "tokenizer" / "debug.tiktoken"
     write_corpus(corpus, data)
-    ranks = train_bpe(corpus, VOCAB_SIZE - len(TIKTOKEN_SPECIALS))
+    ranks = train_bpe(count_pretokens(corpus), VOCAB_SIZE - len(TIKTOKEN_SPECIALS))
     write_atomically(tok, lambda tmp: save_tiktoken_ranks(ranks, tmp))
     return [data, tok]
 

@@ -64,3 +64,21 @@ def test_trace_without_profile_exits_2(capsys):
     with pytest.raises(SystemExit) as e:
         bench["main"](["--trace", "t.json"])
     assert e.value.code == 2 and "add --profile" in capsys.readouterr().err
+
+
+def test_bench_corpus_switch_trains_on_it_and_records_its_hash(tmp_path, capsys):
+    from torchtitan_ablate.components.text.bench_corpus import build
+
+    (tmp_path / "src").mkdir()
+    for i in range(3):
+        (tmp_path / "src" / f"m{i}.py").write_text(f'"""Module {i} parses values."""\nx = {i}\n')
+    manifest = build(tmp_path / "corpus", tmp_path / "src", vocab_size=300)
+    bench = runpy.run_path("scripts/bench.py")
+    args = ["--job.config_file", "train_configs/debug_model.toml", "--job.dump_folder"]
+    args += [str(tmp_path), "--training.seq_len", "32", "--training.local_batch_size", "2"]
+    bench["main"](
+        args + ["--steps", "1", "--warmup", "0", "--bench-corpus", str(tmp_path / "corpus")]
+    )
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["corpus"]["content_hash"] == manifest["content_hash"]
+    assert f"data: {saved['corpus']}" in capsys.readouterr().out

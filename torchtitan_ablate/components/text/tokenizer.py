@@ -156,7 +156,7 @@ def _by_rank(item: tuple[bytes, int]) -> int:
     return item[1]
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map used by byte-level BPE vocabularies."""
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
     chars, extra = {}, 0
@@ -191,7 +191,7 @@ def hf_tokenizer_json_to_ranks(data: dict) -> tuple[dict[bytes, int], dict[str, 
         raise ValueError('its "model" has no "vocab" object of token -> id')
     specials = {t["content"]: int(t["id"]) for t in data.get("added_tokens", [])}
     special_ids = set(specials.values())
-    byte_of = {c: b for b, c in _bytes_to_unicode().items()}
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
     ranks: dict[bytes, int] = {}
     for token, idx in model["vocab"].items():
         if idx in special_ids:
