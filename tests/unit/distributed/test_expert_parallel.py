@@ -19,23 +19,16 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from tests.dist_utils import run_distributed
 from torchtitan_ablate.distributed.ep_token_dispatch import TokenDispatch
-from torchtitan_ablate.distributed.expert_parallel import (
-    RowDispatch,
-    apply_ep,
-    rank_in_expert_order,
-)
+from torchtitan_ablate.distributed.expert_parallel import RowDispatch, apply_ep
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.models.common.experts import CountReader, GroupedExperts, read_counts_with
 from torchtitan_ablate.models.common.lora import adapters_off, apply_lora
 from torchtitan_ablate.models.common.moe import MoE
-from torchtitan_ablate.models.qwen3.args import qwen3_flavors
-from torchtitan_ablate.models.qwen3.model import Qwen3Model
 
 pytestmark = pytest.mark.slow  # multi-process
 
@@ -318,53 +311,3 @@ def _gpu_rank(dispatch: str, lora: bool) -> list[float]:
 def test_ep2_nccl_bf16_grouped_mm(dispatch: str, lora: bool) -> None:
     for errors in run_distributed(_gpu_rank, 2, dispatch, lora, backend="nccl"):
         assert max(errors) < 2e-2, errors  # relative to the largest entry; bf16
-
-
-def _build_qwen3_moe(ep_mesh: DeviceMesh | None) -> Qwen3Model:
-    with torch.device("meta"):
-        model = Qwen3Model(qwen3_flavors["debugmodel_moe"])
-    if ep_mesh is not None:
-        apply_ep(model, ep_mesh)
-    model.to_empty(device="cpu")
-    torch.manual_seed(0)
-    model.init_weights()
-    return model
-
-
-def _meta_model_rank() -> tuple:
-    world = dist.get_world_size()
-    pd = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, ep=world, world_size=world)
-    pd.build_meshes("cpu")
-    model = _build_qwen3_moe(pd.mesh("ep"))
-    plain = _build_qwen3_moe(None)
-    init_diff = max(
-        (getattr(m.experts, n).full_tensor() - getattr(p.experts, n)).abs().max().item()
-        for m, p in zip(model.moe_layers(), plain.moe_layers())
-        for n in WEIGHTS
-    )
-    tokens_BS = torch.randint(0, model.args.vocab_size, (1, 8))
-    model(tokens_BS).float().sum().backward()
-    w1 = model.layers["0"].moe.experts.w1
-    shapes = tuple(w1.shape), tuple(w1.to_local().shape)
-    return isinstance(w1, DTensor), shapes, w1.grad is not None, init_diff
-
-
-def test_apply_ep_on_meta_qwen3_moe() -> None:
-    for is_dtensor, shapes, has_grad, init_diff in run_distributed(_meta_model_rank, 2):
-        assert is_dtensor and has_grad
-        assert shapes[0][0] == 8 and shapes[1][0] == 4 and shapes[0][1:] == shapes[1][1:]
-        assert init_diff == 0  # the same initial experts as without EP
-
-
-def testrank_in_expert_order_equals_a_stable_sort() -> None:
-    """Received rows (blocks in source-major order, some empty) ranked in (local expert, source)
-    order, each block keeping its row order: the stable argsort of the block keys, inverted."""
-    torch.manual_seed(0)
-    for _ in range(20):
-        ep, n_local = 3, 4
-        recv_WL = torch.randint(0, 5, (ep, n_local))
-        n = int(recv_WL.sum())
-        key_WL = torch.arange(n_local) * ep + torch.arange(ep)[:, None]
-        order = torch.repeat_interleave(key_WL.flatten(), recv_WL.flatten()).argsort(stable=True)
-        expected = torch.empty_like(order).index_put_((order,), torch.arange(n))
-        assert torch.equal(rank_in_expert_order(recv_WL, n), expected)
