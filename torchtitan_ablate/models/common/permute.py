@@ -6,7 +6,7 @@ every index is a permutation or injective (each routed row is read once, each pa
 written once), and the only repetition is known in advance: every token is routed to exactly
 top_k experts. Writing that down gives backward passes made of gathers, plain scatters and one
 k-way sum: no atomics, deterministic, and lowered by inductor into fused kernels (the
-accumulating versions were 7% of the one-GPU MoE step on an H100, docs/performance.md).
+accumulating versions take 7% of the one-GPU MoE step on an H100, docs/performance.md).
 
 Shape legend: T tokens, K top_k, R = T*K routed rows, D model dim, P padded rows, X rows of
 any layout, S = T*K (token, k) slots.
