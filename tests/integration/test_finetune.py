@@ -181,6 +181,9 @@ LORA_LAYOUTS = {
                     ["--parallelism.data_parallel_shard_degree", "2"]),
     "moe_ep2": ("moe", ["--lora.target_modules", "q_proj,k_proj,experts"],
                 ["--parallelism.expert_parallel_degree", "2"]),
+    "moe_ep2_tokens": ("moe", ["--lora.target_modules", "q_proj,k_proj,experts"],
+                       ["--parallelism.expert_parallel_degree", "2",
+                        "--parallelism.expert_parallel_dispatch", "tokens"]),
 }  # fmt: skip
 
 

@@ -81,11 +81,6 @@ def _check_ep_dispatch(config: JobConfig) -> None:
     key = "parallelism.expert_parallel_dispatch = 'tokens'"
     ep = config.parallelism.expert_parallel_degree
     require(ep > 1, f"{key} needs parallelism.expert_parallel_degree > 1 (it is {ep})")
-    require(
-        not (config.lora.enable and "experts" in config.lora.target_modules),
-        f"{key} with LoRA on the experts (lora.target_modules has 'experts'): the adapters run "
-        "with row dispatch only; set expert_parallel_dispatch = 'rows'",
-    )
 
 
 def _check_optimizer(o: Optimizer) -> None:

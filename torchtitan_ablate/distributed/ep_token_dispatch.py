@@ -10,8 +10,9 @@ such rank, summed there over its experts. At top-8 of 128 experts over 4 ranks a
               then rows) and the layer's one host read (`CountReader.ep_token_splits`)
     dispatch  the rows, and per row K float32 (router weight, local expert or -1) slots
     compute   each (row, slot) pair with a local expert is placed straight into its expert's
-              padded group (one move), the experts run, and each received row sums its pairs'
-              outputs times their router weights (one pass)
+              group (one move; the groups are the experts module's `layout`), the experts module
+              runs whatever it computes (plain, float8, LoRA), and each received row sums its
+              pairs' outputs times their router weights (one pass)
     combine   back to the senders; each token sums its rows (one pass)
 
 Every sum runs in float32 (permute.py) without atomics: deterministic. The backward reuses the
@@ -20,7 +21,7 @@ forward's splits, so it syncs with the host nowhere. Under the estimator's force
 the counts give, so the shapes are the forced ones.
 
 Shape legend: T tokens of this rank, K top_k, D model dim, W ep degree, L local experts,
-S rows sent, N rows received, M pairs computed here, P padded rows.
+S rows sent, N rows received, M pairs computed here, X rows of the experts' groups.
 """
 
 import torch
@@ -28,26 +29,24 @@ from torch.distributed._functional_collectives import (
     all_to_all_single,
     all_to_all_single_autograd,
 )
+from torch.distributed.device_mesh import DeviceMesh
 
-from torchtitan_ablate.distributed.expert_parallel import ExpertParallelExperts, _local
-from torchtitan_ablate.models.common.experts import (
-    _loop_experts,
-    count_reader,
-    grouped_mm_swiglu,
-    padded_layout,
-    padded_rows,
-)
+from torchtitan_ablate.models.common.experts import GroupedExperts, count_reader
 from torchtitan_ablate.models.common.permute import combine_rows, inverse_permutation, move_rows
 
 
-class TokenDispatchExperts(ExpertParallelExperts):
-    """ExpertParallelExperts whose route sends each token once per destination rank.
+class TokenDispatch:
+    """Each token goes once to every ep rank holding one of its experts and comes back summed.
 
-    Made only by `apply_ep(model, ep_mesh, TokenDispatchExperts)` (a class swap, like its
-    parent's); parallelize_qwen3 passes it for `expert_parallel_dispatch = "tokens"`."""
+    Installed by `apply_ep(model, ep_mesh, TokenDispatch)`; parallelize_qwen3 passes it for
+    `expert_parallel_dispatch = "tokens"`."""
+
+    def __init__(self, ep_mesh: DeviceMesh) -> None:
+        self.ep_mesh = ep_mesh
 
     def route(
         self,
+        experts: GroupedExperts,
         x_TD: torch.Tensor,
         experts_TK: torch.Tensor,
         weights_TK: torch.Tensor,
@@ -77,10 +76,8 @@ class TokenDispatchExperts(ExpertParallelExperts):
         meta_SJ = torch.cat([w_SK.float(), local_SK.float()], dim=1)  # L < 2**24: exact
         x_ND = all_to_all_single_autograd(x_SD, recv, send, group)
         meta_NJ = all_to_all_single_autograd(meta_SJ, recv, send, group)
-        # A module call, so FSDP's hooks gather the experts' weights around it; the local
-        # expert ids go as integers (FSDP casts floating inputs to the compute dtype).
         w_NK, local_NK = meta_NJ[:, :top_k], meta_NJ[:, top_k:].detach().long()
-        y_ND = self(x_ND, w_NK, local_NK, recv_WL.sum(0), n_pairs)
+        y_ND = _run_pairs(experts, x_ND, w_NK, local_NK, recv_WL.sum(0), n_pairs)
         back_SD = all_to_all_single_autograd(y_ND, send, recv, group)
         # Each token sums its rows: their backward hands each sent row its token's gradient.
         ones_TW = valid_TW.to(back_SD.dtype)
@@ -88,40 +85,34 @@ class TokenDispatchExperts(ExpertParallelExperts):
         entries = (token_S, sent_S, token_S * n_ranks + dest_S)
         return combine_rows(back_SD, index_TW, ones_TW, valid_TW, entries)
 
-    def forward(  # type: ignore[override]
-        self,
-        x_ND: torch.Tensor,
-        w_NK: torch.Tensor,
-        local_NK: torch.Tensor,
-        counts_L: torch.Tensor,
-        n_pairs: int,
-    ) -> torch.Tensor:
-        """y_ND[n] = sum over row n's slots k with a local expert (local_NK >= 0) of
-        w_NK[n, k] * expert_{local_NK[n, k]}(x_ND[n]); counts_L: pairs per local expert."""
-        (n_rows, top_k), n_local = local_NK.shape, counts_L.shape[0]
-        with torch.no_grad():
-            key_P = torch.where(local_NK >= 0, local_NK, n_local).flatten()
-            # Pairs with a local expert first, by expert, each expert's in (row, slot) order.
-            order_P = key_P.argsort(stable=True)
-            rank_NK = inverse_permutation(order_P).view(n_rows, top_k)
-            valid_NK = (local_NK >= 0) & (rank_NK < n_pairs)
-            src_M = order_P[:n_pairs] // top_k
-        w1, w2, w3 = (_local(w) for w in (self.w1, self.w2, self.w3))
-        grouped = self.runs_grouped_mm(x_ND)
-        with torch.no_grad():
-            if grouped:
-                dest_M, offs_L = padded_layout(counts_L, n_pairs)
-                n_out = padded_rows(n_pairs, n_local)
-            else:
-                dest_M, n_out = torch.arange(n_pairs, device=x_ND.device), n_pairs
-            index_NK = _first_real_elsewhere(dest_M[rank_NK.clamp(max=n_pairs - 1)], valid_NK)
-        x_XD = move_rows(x_ND, src_M, dest_M, n_out, index_NK, valid_NK)
-        if grouped:
-            out_XD = grouped_mm_swiglu(w1, w2, w3, x_XD, offs_L)
-        else:  # rows in expert order, unpadded: the CPU / fp32 path
-            out_XD = _loop_experts(w1, w2, w3, x_XD, counts_L)
-        entries = (src_M, dest_M, order_P[:n_pairs])
-        return combine_rows(out_XD, index_NK, w_NK.to(out_XD.dtype), valid_NK, entries)
+
+def _run_pairs(
+    experts: GroupedExperts,
+    x_ND: torch.Tensor,
+    w_NK: torch.Tensor,
+    local_NK: torch.Tensor,
+    counts_L: torch.Tensor,
+    n_pairs: int,
+) -> torch.Tensor:
+    """y_ND[n] = sum over row n's slots k with a local expert (local_NK >= 0) of
+    w_NK[n, k] * expert_{local_NK[n, k]}(x_ND[n]); counts_L: pairs per local expert."""
+    n_rows, top_k = local_NK.shape
+    with torch.no_grad():
+        key_P = torch.where(local_NK >= 0, local_NK, counts_L.shape[0]).flatten()
+        # Pairs with a local expert first, by expert, each expert's in (row, slot) order.
+        order_P = key_P.argsort(stable=True)
+        rank_NK = inverse_permutation(order_P).view(n_rows, top_k)
+        valid_NK = (local_NK >= 0) & (rank_NK < n_pairs)
+        src_M = order_P[:n_pairs] // top_k
+        groups, dest_M = experts.layout(counts_L, n_pairs, x_ND)
+        if dest_M is None:  # packed groups: the pairs in expert order
+            dest_M = torch.arange(n_pairs, device=x_ND.device)
+        index_NK = _first_real_elsewhere(dest_M[rank_NK.clamp(max=n_pairs - 1)], valid_NK)
+    x_XD = move_rows(x_ND, src_M, dest_M, groups.n_rows, index_NK, valid_NK)
+    # The module call: FSDP's hooks gather the experts' weights around the compute.
+    out_XD = experts(x_XD, groups)
+    entries = (src_M, dest_M, order_P[:n_pairs])
+    return combine_rows(out_XD, index_NK, w_NK.to(out_XD.dtype), valid_NK, entries)
 
 
 def _sent_rows(

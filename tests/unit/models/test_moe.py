@@ -5,12 +5,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
-from torchtitan_ablate.models.common.experts import (
-    GROUP_ALIGN_ROWS,
-    _grouped_mm_experts,
-    _loop_experts,
-    padded_layout,
-)
+from torchtitan_ablate.models.common.experts import GROUP_ALIGN_ROWS, GroupedExperts, padded_layout
 from torchtitan_ablate.models.common.moe import MoE
 from torchtitan_ablate.models.common.permute import inverse_permutation
 
@@ -79,24 +74,25 @@ def test_grouped_bf16_close_to_loop() -> None:
     torch.testing.assert_close(moe(x), loop, atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("run", [_grouped_mm_experts, _loop_experts])
-def test_experts_place_unsorted_rows_by_rank(run) -> None:
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped_mm", "loop"])
+def test_experts_place_unsorted_rows_by_rank(grouped: bool) -> None:
     """Rows in any order with their rank in expert order (expert parallel's received rows) give
     the sorted computation's rows back in their own order, values and gradients (float32: the
     grouped GEMM takes no float64)."""
     torch.manual_seed(0)
-    n_experts, hidden, dim = 4, 16, 8
-    weights = [torch.randn(n_experts, hidden, dim) for _ in range(3)]
-    weights[1] = weights[1].transpose(1, 2).contiguous()  # w2 is [E, D, I]
+    experts = GroupedExperts(8, 16, 4, grouped_mm=grouped)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.normal_()
     counts = torch.tensor([3, 0, 5, 2])
-    x_sorted = torch.randn(10, dim)
+    x_sorted = torch.randn(10, 8)
     rank = torch.randperm(10)  # row i of the unsorted input is the rank[i]-th sorted row
     x = x_sorted[rank].detach().requires_grad_()
     x_ref = x_sorted.clone().requires_grad_()
-    g = torch.randn(10, dim)
-    got = run(*weights, x, counts, rank)
+    g = torch.randn(10, 8)
+    got = experts.run_rows(x, counts, rank)
     (got * g).sum().backward()
-    ref = run(*weights, x_ref, counts)
+    ref = experts.run_rows(x_ref, counts)
     (ref * g[inverse_permutation(rank)]).sum().backward()
     # The same rows meet the same kernels in the same groups: equal, not just close.
     torch.testing.assert_close(got, ref[rank], rtol=0, atol=0)

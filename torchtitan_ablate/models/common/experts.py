@@ -1,32 +1,43 @@
-"""Routed experts as 3-D weights: the route from top-k choices to the weighted combine.
+"""Routed experts as 3-D weights: what moves the routed rows, and what computes on them.
 
-`GroupedExperts.route(x_TD, experts_TK, weights_TK, counts_E)` is the seam for expert parallel:
-here it sorts the (token, k) rows by expert, runs `forward` and combines the k outputs of each
-token with the router weights; `ExpertParallelExperts.route` (distributed/) moves tokens between
-ranks instead. `forward(x_sorted_RD, counts_E)` is the compute kernel over rows sorted by expert,
-one of two exact computations: `torch._grouped_mm` (one kernel for all experts; CUDA bf16) or a
-per-expert loop (CPU, tests). It stays a module call, so FSDP's hooks on the experts wrap it.
+Two parts, each replaceable on its own:
+
+    dispatch  `experts.dispatch.route(experts, x_TD, experts_TK, weights_TK, counts_E)` takes
+              the router's choices to the weighted combine: it decides where each (token, k)
+              row is computed and places the rows into the experts' groups. `LocalDispatch`
+              (here) sorts them by expert on this rank; expert parallel's dispatchers
+              (distributed/) move them between ranks. `MoE.forward` calls `experts.route`.
+    compute   `experts(x_XD, groups)`: each local expert's SwiGLU on its group of rows, laid out
+              as `experts.layout` says (padded groups for `torch._grouped_mm`, one kernel for all
+              experts, CUDA bf16; packed groups for the per-expert loop, CPU and tests). A module
+              call, so FSDP's hooks gather the weights around it; the weights may be DTensors
+              (expert parallel: this rank's shard computes) or torchao's float8 wrapper tensors
+              (whose grouped GEMM runs in float8). `adapters` (lora.py's ExpertLoRA) adds its
+              update to every projection.
 
 Host reads of token counts (the only host syncs of the MoE layers) go through `CountReader`;
 fake tensors have no counts, so the memory estimator installs its own with `read_counts_with`.
 
 Shape legend: T tokens, K top_k, R = T*K routed rows (sorted by expert), D model dim, I expert
-hidden dim, E experts, P padded rows, W ep degree.
+hidden dim, E experts, L experts computed here (E without expert parallel), X rows in groups
+(padded or packed), O / N a projection's output / input dim.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from torchtitan_ablate.models.common.init import ParamInit, init_for
 from torchtitan_ablate.models.common.permute import (
     combine_rows,
     gather_rows,
     inverse_permutation,
-    permute_rows,
     repeat_sorted,
     scatter_rows,
 )
@@ -39,6 +50,69 @@ GROUP_ALIGN_ROWS = 16
 def use_grouped_mm(x_RD: torch.Tensor) -> bool:
     """The one place that chooses grouped GEMM vs the per-expert loop."""
     return hasattr(torch, "_grouped_mm") and x_RD.is_cuda and x_RD.dtype == torch.bfloat16
+
+
+@dataclass
+class ExpertGroups:
+    """How the rows handed to the compute sit: one group per local expert, in expert order,
+    padded to GROUP_ALIGN_ROWS (offs_L: int32 group ends, for the grouped GEMM; padding rows are
+    never read back) or packed (splits: rows per expert on the host, for the loop)."""
+
+    n_rows: int
+    offs_L: torch.Tensor | None = None
+    splits: list[int] | None = None
+
+    @property
+    def padded(self) -> bool:
+        return self.offs_L is not None
+
+    def linear(self, x_XN: torch.Tensor, w_LON: torch.Tensor) -> torch.Tensor:
+        """x @ w[l].T for each expert l's group of rows."""
+        if self.offs_L is not None:
+            return torch._grouped_mm(x_XN, w_LON.transpose(-2, -1), offs=self.offs_L)
+        parts = torch.split(x_XN, self.splits, dim=0)
+        return torch.cat([x_rN @ w_LON[e].T for e, x_rN in enumerate(parts)], dim=0)
+
+
+class Dispatch(Protocol):
+    """Moves routed rows to the experts that compute them and their outputs back."""
+
+    def route(
+        self,
+        experts: "GroupedExperts",
+        x_TD: torch.Tensor,
+        experts_TK: torch.Tensor,
+        weights_TK: torch.Tensor,
+        counts_E: torch.Tensor,
+    ) -> torch.Tensor: ...
+
+
+class LocalDispatch:
+    """No dispatch: this rank's (token, k) rows, sorted by expert, go to its own experts."""
+
+    def route(
+        self,
+        experts: "GroupedExperts",
+        x_TD: torch.Tensor,
+        experts_TK: torch.Tensor,
+        weights_TK: torch.Tensor,
+        counts_E: torch.Tensor,
+    ) -> torch.Tensor:
+        top_k = experts_TK.shape[1]
+        # Sort rows by expert (stable, so rows of one expert keep token order), run, unsort.
+        order_R = experts_TK.flatten().argsort(stable=True)
+        inv_R = inverse_permutation(order_R)
+        x_RD = repeat_sorted(x_TD, order_R, inv_R, top_k)
+        out_RD = self.run_sorted(experts, x_RD, counts_E)
+        # Unsort and weigh in one pass: token t's k-th output is sorted row inv_R[t*K + k].
+        w_TK = weights_TK.to(out_RD.dtype)
+        return combine_rows(out_RD, inv_R.view(-1, top_k), w_TK)
+
+    def run_sorted(
+        self, experts: "GroupedExperts", x_RD: torch.Tensor, counts_E: torch.Tensor
+    ) -> torch.Tensor:
+        """The experts' outputs for rows sorted by expert (counts_E per expert)."""
+        return experts.run_rows(x_RD, counts_E)
 
 
 class GroupedExperts(nn.Module):
@@ -55,6 +129,9 @@ class GroupedExperts(nn.Module):
         # None = automatic (use_grouped_mm); True/False force one path (the estimator models
         # CUDA's grouped GEMM on CPU; tests compare the two paths).
         self.force_grouped_mm = grouped_mm
+        # The seams: apply_ep installs its dispatcher, apply_lora the expert adapters.
+        self.dispatch: Dispatch = LocalDispatch()
+        self.adapters: nn.Module | None = None
 
     def route(
         self,
@@ -65,20 +142,48 @@ class GroupedExperts(nn.Module):
     ) -> torch.Tensor:
         """y_TD = sum_k weights_TK[t, k] * expert_{experts_TK[t, k]}(x_TD[t]); counts_E: int
         assignments per expert (summing to T*K)."""
-        top_k = experts_TK.shape[1]
-        # Sort rows by expert (stable, so rows of one expert keep token order), run, unsort.
-        order_R = experts_TK.flatten().argsort(stable=True)
-        inv_R = inverse_permutation(order_R)
-        out_sorted_RD = self(repeat_sorted(x_TD, order_R, inv_R, top_k), counts_E)
-        # Unsort and weigh in one pass: token t's k-th output is sorted row inv_R[t*K + k].
-        w_TK = weights_TK.to(out_sorted_RD.dtype)
-        return combine_rows(out_sorted_RD, inv_R.view(-1, top_k), w_TK)
+        return self.dispatch.route(self, x_TD, experts_TK, weights_TK, counts_E)
 
-    def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
-        """x_RD: rows sorted by expert; num_tokens_per_expert_E: int counts summing to R."""
-        if self.runs_grouped_mm(x_RD):
-            return _grouped_mm_experts(self.w1, self.w2, self.w3, x_RD, num_tokens_per_expert_E)
-        return _loop_experts(self.w1, self.w2, self.w3, x_RD, num_tokens_per_expert_E)
+    def layout(
+        self, counts_L: torch.Tensor, n_rows: int, x: torch.Tensor
+    ) -> tuple[ExpertGroups, torch.Tensor | None]:
+        """The groups the compute takes n_rows rows in, in expert order (counts_L per local
+        expert), and the row of the groups each of them goes to (None: its own, packed)."""
+        if self.runs_grouped_mm(x):
+            # A static size (no host sync); rows past offs[-1] are ignored by the kernel.
+            dest_R, offs_L = padded_layout(counts_L, n_rows)
+            return ExpertGroups(padded_rows(n_rows, counts_L.shape[0]), offs_L=offs_L), dest_R
+        # The loop syncs for its splits: CPU / fp32 only, not the CUDA bf16 path.
+        splits = count_reader().expert_splits(counts_L, n_rows)
+        return ExpertGroups(n_rows, splits=splits), None
+
+    def run_rows(
+        self, x_RD: torch.Tensor, counts_L: torch.Tensor, rank_R: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The experts on rows in expert order, or in any order given rank_R (row i is the
+        rank_R[i]-th in expert order): each row goes into its group and comes back out of it in
+        one move each way; the outputs are in the input's order."""
+        groups, dest_R = self.layout(counts_L, x_RD.shape[0], x_RD)
+        if rank_R is not None:
+            dest_R = rank_R if dest_R is None else dest_R[rank_R]
+        if dest_R is None:
+            return self(x_RD, groups)
+        return gather_rows(self(scatter_rows(x_RD, dest_R, groups.n_rows), groups), dest_R)
+
+    def forward(self, x_XD: torch.Tensor, groups: ExpertGroups) -> torch.Tensor:
+        """Each local expert's SwiGLU on its group of x_XD; the output in the same layout."""
+        # Expert parallel: the experts see only their own rows, so they compute on the local
+        # shards; to_local() is differentiable and hands the gradient back as a Shard(0) DTensor.
+        weights = {name: to_local(p) for name, p in self.named_parameters(recurse=False)}
+
+        def project(x_XN: torch.Tensor, name: str) -> torch.Tensor:
+            y_XO = groups.linear(x_XN, weights[name])
+            if self.adapters is None:
+                return y_XO
+            return y_XO + self.adapters(x_XN, name, weights, groups)
+
+        h_XI = F.silu(project(x_XD, "w1")) * project(x_XD, "w3")
+        return project(h_XI, "w2")
 
     def runs_grouped_mm(self, x_RD: torch.Tensor) -> bool:
         """The path for these rows: the forced one, else use_grouped_mm's choice."""
@@ -91,6 +196,11 @@ class GroupedExperts(nn.Module):
         init.trunc_normal_(self.w1, 0.02)
         init.trunc_normal_(self.w2, init_std)
         init.trunc_normal_(self.w3, init_std)
+
+
+def to_local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor; any other tensor as it is."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class CountReader:
@@ -142,69 +252,9 @@ def read_counts_with(reader: CountReader) -> Iterator[None]:
         _reader = saved
 
 
-def _loop_experts(
-    w1_EID, w2_EDI, w3_EID, x_RD, num_tokens_per_expert_E, rank_R=None
-) -> torch.Tensor:
-    """rank_R: as for _grouped_mm_experts."""
-
-    def run(x_RD: torch.Tensor) -> torch.Tensor:
-        splits = _reader.expert_splits(num_tokens_per_expert_E, x_RD.shape[0])
-        out_RD = []
-        for e, x_rD in enumerate(torch.split(x_RD, splits, dim=0)):
-            h_rI = F.silu(x_rD @ w1_EID[e].T) * (x_rD @ w3_EID[e].T)
-            out_RD.append(h_rI @ w2_EDI[e].T)
-        return torch.cat(out_RD, dim=0)
-
-    return in_expert_order(run, x_RD, rank_R)
-
-
-def in_expert_order(
-    run: Callable[[torch.Tensor], torch.Tensor], x_RD: torch.Tensor, rank_R: torch.Tensor | None
-) -> torch.Tensor:
-    """run(rows sorted by expert) on rows in any order, row i being the rank_R[i]-th in expert
-    order (None: already sorted); the outputs come back in the input's order."""
-    if rank_R is None:
-        return run(x_RD)
-    order_R = inverse_permutation(rank_R)
-    return permute_rows(run(permute_rows(x_RD, order_R, rank_R)), rank_R, order_R)
-
-
-def _grouped_mm_experts(
-    w1_EID, w2_EDI, w3_EID, x_RD, num_tokens_per_expert_E, rank_R=None
-) -> torch.Tensor:
-    """x_RD sorted by expert, or in any order given rank_R (row i is the rank_R[i]-th in expert
-    order): the rows then go into and come out of the padded groups in one move each way."""
-    x_PD, dest_R, offs_E = pad_by_expert(x_RD, num_tokens_per_expert_E, rank_R)
-    return gather_rows(grouped_mm_swiglu(w1_EID, w2_EDI, w3_EID, x_PD, offs_E), dest_R)
-
-
-def grouped_mm_swiglu(w1_EID, w2_EDI, w3_EID, x_PD, offs_E) -> torch.Tensor:
-    """The experts on rows already in padded groups (int32 group end offsets offs_E)."""
-    gate_PI = torch._grouped_mm(x_PD, w1_EID.transpose(-2, -1), offs=offs_E)
-    up_PI = torch._grouped_mm(x_PD, w3_EID.transpose(-2, -1), offs=offs_E)
-    h_PI = F.silu(gate_PI) * up_PI
-    return torch._grouped_mm(h_PI, w2_EDI.transpose(-2, -1), offs=offs_E)
-
-
-def pad_by_expert(
-    x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor, rank_R: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows sorted by expert (or ranked in expert order by rank_R), copied into groups padded to
-    GROUP_ALIGN_ROWS for the grouped GEMM: (x_PD, destination row of each input row, int32
-    group end offsets).
-
-    The padded size is static (R + E * (align - 1), rounded up to the alignment: float8's
-    column-major copies need 16-byte strides), so no host sync; rows past offs[-1] are ignored
-    by the kernel and never read back."""
-    dest_R, offs_E = padded_layout(num_tokens_per_expert_E, x_RD.shape[0])
-    if rank_R is not None:
-        dest_R = dest_R[rank_R]
-    n_padded = padded_rows(x_RD.shape[0], num_tokens_per_expert_E.shape[0])
-    return scatter_rows(x_RD, dest_R, n_padded), dest_R, offs_E
-
-
 def padded_rows(n_rows: int, n_experts: int) -> int:
-    """Rows of the padded buffer of n_rows rows in n_experts groups (see pad_by_expert)."""
+    """Rows of the padded groups of n_rows rows in n_experts groups: R + E * (align - 1), rounded
+    up to the alignment (float8's column-major copies need 16-byte strides)."""
     n_padded = n_rows + n_experts * (GROUP_ALIGN_ROWS - 1)
     return -(-n_padded // GROUP_ALIGN_ROWS) * GROUP_ALIGN_ROWS
 

@@ -1,14 +1,17 @@
 """LoRA: low-rank adapters on frozen base weights, for dense projections and routed experts.
 
 `apply_lora(model, rank, alpha, dropout, target_modules)` runs on the meta-device model first in
-parallelize_qwen3. It swaps classes in place (as apply_ep and FSDP2 do), so every base
-parameter keeps its name (`attention.wq.weight`, `moe.experts.w1`): DCP, the HF adapter and FSDP
-see the same FQNs, plus the adapter parameters next to them:
-  nn.Linear W [out, in]          -> LoRALinear      lora_a [r, in], lora_b [out, r]
-  GroupedExperts w [E, out, in]  -> LoRAGroupedExperts  lora_a_w [E, r, in], lora_b_w [E, out, r]
-The adapters are direct parameters of the experts module, so apply_ep shards them Shard(0) over
-the ep mesh exactly like the expert weights (E / ep experts' adapters per rank), and FSDP shards
-what is left. Base weights get requires_grad = False: no gradients, no optimizer state.
+parallelize_qwen3. Every base parameter keeps its name (`attention.wq.weight`,
+`moe.experts.w1`): DCP, the HF adapter and FSDP see the same FQNs, plus the adapter parameters
+next to them:
+  nn.Linear W [out, in]: swapped to LoRALinear, lora_a [r, in], lora_b [out, r]
+  GroupedExperts w [E, out, in]: an ExpertLoRA as its `adapters`, lora_a_w [E, r, in],
+    lora_b_w [E, out, r]
+The expert adapters are direct parameters of the experts module, so apply_ep shards them
+Shard(0) over the ep mesh exactly like the expert weights (E / ep experts' adapters per rank),
+and FSDP shards what is left; the experts' compute hands ExpertLoRA its local tensors, whatever
+dispatcher moved the rows. Base weights get requires_grad = False: no gradients, no optimizer
+state.
 
 Forward: y = x W^T + (alpha / r) * dropout(x) A^T B^T (the adapter runs on activations; the
 frozen weight is never copied or merged). B starts at zero, so step 0 equals the base model.
@@ -16,7 +19,8 @@ frozen weight is never copied or merged). B starts at zero, so step 0 equals the
 the canonical name): the same values in every layout. `merge_lora_state_dict` folds the
 adapters into the base weights for export.
 
-Shape legend: E experts, I expert hidden dim, D model dim, R routed rows, r adapter rank.
+Shape legend: E experts, X rows in expert groups, N / O a projection's input / output dim,
+r adapter rank.
 """
 
 import logging
@@ -27,18 +31,10 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from torchtitan_ablate.config.job_config import LORA_TARGETS
-from torchtitan_ablate.distributed.expert_parallel import ExpertParallelExperts
-from torchtitan_ablate.models.common.experts import (
-    GroupedExperts,
-    count_reader,
-    in_expert_order,
-    pad_by_expert,
-)
+from torchtitan_ablate.models.common.experts import ExpertGroups, GroupedExperts
 from torchtitan_ablate.models.common.init import ParamInit, init_for
-from torchtitan_ablate.models.common.permute import gather_rows
 
 logger = logging.getLogger("torchtitan_ablate")
 
@@ -67,14 +63,34 @@ class LoRALinear(nn.Module):
         return f"in={in_features}, out={out_features}, rank={self.lora_a.shape[0]}"
 
 
-class LoRAGroupedExperts(GroupedExperts):
-    """GroupedExperts with one adapter per expert and weight. Made by class swap only."""
+class ExpertLoRA(nn.Module):
+    """The adapters of a GroupedExperts, added to each of its projections w (w1, w2, w3):
+    scale * dropout(x) A_w[e]^T B_w[e]^T for the rows of expert e. A_w, B_w are the experts
+    module's own parameters lora_a_w, lora_b_w; its compute passes them in (local shards under
+    expert parallel) with the groups the rows sit in."""
 
-    scale: float
-    lora_dropout: nn.Module
+    def __init__(self, scale: float, dropout: float) -> None:
+        super().__init__()
+        self.scale = scale
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
-    def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
-        return lora_experts(self, _weights(self), x_RD, num_tokens_per_expert_E)
+    def forward(
+        self,
+        x_XN: torch.Tensor,
+        name: str,
+        weights: dict[str, torch.Tensor],
+        groups: ExpertGroups,
+    ) -> torch.Tensor:
+        a_ErN, b_EOr = weights[f"lora_a_{name}"], weights[f"lora_b_{name}"]
+        if groups.padded:
+            # The grouped GEMM needs 16-byte row strides: pad the rank with zero rows (exact).
+            pad = -a_ErN.shape[-2] % (16 // a_ErN.element_size())
+            a_ErN, b_EOr = F.pad(a_ErN, (0, 0, 0, pad)), F.pad(b_EOr, (0, pad))
+        low_Xr = groups.linear(self.lora_dropout(x_XN), a_ErN)
+        return self.scale * groups.linear(low_Xr, b_EOr)
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale}"
 
 
 def apply_lora(
@@ -113,7 +129,7 @@ def adapters_off(model: nn.Module) -> Iterator[None]:
     """Inside, `model` computes its base weights alone (DPO's reference pass): every adapter's
     scale is 0, so its update is multiplied away, exactly (the adapters' own FLOPs, about r / in
     of the base's, are still spent). Restored on exit. No second copy of the weights."""
-    kinds = (LoRALinear, LoRAGroupedExperts, LoRAExpertParallelExperts)
+    kinds = (LoRALinear, ExpertLoRA)
     adapted = [m for m in model.modules() if isinstance(m, kinds)]
     scales = [m.scale for m in adapted]
     for m in adapted:
@@ -166,74 +182,6 @@ def merge_lora_state_dict(sd: dict[str, torch.Tensor], alpha: float) -> dict[str
     return out
 
 
-def lora_experts(
-    experts: GroupedExperts,
-    weights: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-    x_RD: torch.Tensor,
-    counts_E: torch.Tensor,
-    rank_R: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """SwiGLU experts with adapters. weights[w] = (base [E, out, in], A [E, r, in], B [E, out, r])
-    for w in w1 (gate), w3 (up), w2 (down); the same exact paths as GroupedExperts (rank_R as
-    there: rows in any order, with their rank in expert order)."""
-    drop, scale = experts.lora_dropout, experts.scale
-    if experts.runs_grouped_mm(x_RD):
-        x_PD, dest_R, offs_E = pad_by_expert(x_RD, counts_E, rank_R)
-
-        def proj(x: torch.Tensor, w: str) -> torch.Tensor:
-            base, a, b = weights[w]
-            # The kernel needs 16-byte row strides: pad the rank with zero rows (exact).
-            pad = -a.shape[-2] % (16 // a.element_size())
-            a, b = F.pad(a, (0, 0, 0, pad)), F.pad(b, (0, pad))
-            t = lambda m: m.transpose(-2, -1)  # noqa: E731
-            low = torch._grouped_mm(drop(x), t(a), offs=offs_E)
-            return torch._grouped_mm(x, t(base), offs=offs_E) + scale * torch._grouped_mm(
-                low, t(b), offs=offs_E
-            )
-
-        h_PI = F.silu(proj(x_PD, "w1")) * proj(x_PD, "w3")
-        return gather_rows(proj(h_PI, "w2"), dest_R)
-
-    def run(x_RD: torch.Tensor) -> torch.Tensor:
-        out_RD = []
-        splits = count_reader().expert_splits(counts_E, x_RD.shape[0])
-        for e, x_rD in enumerate(torch.split(x_RD, splits, dim=0)):
-
-            def proj_e(x: torch.Tensor, w: str, e: int = e) -> torch.Tensor:
-                base, a, b = weights[w]
-                return x @ base[e].T + scale * ((drop(x) @ a[e].T) @ b[e].T)
-
-            h_rI = F.silu(proj_e(x_rD, "w1")) * proj_e(x_rD, "w3")
-            out_RD.append(proj_e(h_rI, "w2"))
-        return torch.cat(out_RD, dim=0)
-
-    return in_expert_order(run, x_RD, rank_R)
-
-
-class LoRAExpertParallelExperts(ExpertParallelExperts):
-    """ExpertParallelExperts whose local experts carry their adapters (see make_ep_lora_experts)."""
-
-    scale: float
-    lora_dropout: nn.Module
-
-    def _local_experts(
-        self, x_ND: torch.Tensor, counts_L: torch.Tensor, rank_N: torch.Tensor
-    ) -> torch.Tensor:
-        local = {w: tuple(_local(t) for t in ws) for w, ws in _weights(self).items()}
-        return lora_experts(self, local, x_ND, counts_L, rank_N)
-
-
-def make_ep_lora_experts(model: nn.Module) -> None:
-    """Call right after apply_ep: it swapped every experts module's class to
-    ExpertParallelExperts (route: dispatch, local compute, combine), which would drop the
-    adapters from the compute; this keeps its route and runs the local experts with their
-    adapters."""
-    for block in model.layers.values():
-        experts = getattr(getattr(block, "moe", None), "experts", None)
-        if type(experts) is ExpertParallelExperts and hasattr(experts, "lora_a_w1"):
-            experts.__class__ = LoRAExpertParallelExperts
-
-
 # ---- helpers -------------------------------------------------------------------------------------
 
 
@@ -264,24 +212,11 @@ def _add_linear_adapter(linear: nn.Module, rank: int, scale: float, dropout: flo
 
 
 def _add_expert_adapters(experts: GroupedExperts, rank: int, scale: float, dropout: float) -> None:
-    if type(experts) is not GroupedExperts:
-        raise ValueError(f"LoRA on experts needs GroupedExperts, got {type(experts).__name__}")
+    if experts.adapters is not None:
+        raise ValueError("LoRA on experts: these experts already carry adapters")
     for w in EXPERT_WEIGHTS:
         n_experts, out_features, in_features = getattr(experts, w).shape
         base = getattr(experts, w)
         experts.register_parameter(f"lora_a_{w}", _new_param((n_experts, rank, in_features), base))
         experts.register_parameter(f"lora_b_{w}", _new_param((n_experts, out_features, rank), base))
-    experts.scale = scale
-    experts.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-    experts.__class__ = LoRAGroupedExperts
-
-
-def _weights(experts: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    return {
-        w: (getattr(experts, w), getattr(experts, f"lora_a_{w}"), getattr(experts, f"lora_b_{w}"))
-        for w in EXPERT_WEIGHTS
-    }
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+    experts.adapters = ExpertLoRA(scale, dropout)

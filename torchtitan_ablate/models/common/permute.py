@@ -110,13 +110,6 @@ class _GatherGrad(Function):
         return grad_out[index_R], None, None
 
 
-class _PermuteRows(_GatherGrad):
-    @staticmethod
-    def forward(ctx, x_RD, perm_R, inv_perm_R):
-        ctx.save_for_backward(inv_perm_R)
-        return x_RD[perm_R]
-
-
 class _ScatterRows(_GatherGrad):
     @staticmethod
     def forward(ctx, x_RD, dest_R, n_rows: int):
@@ -166,13 +159,6 @@ def move_rows(
     x_TD read several times list their copies' rows of out in index_TJ (valid_TJ marks the real
     entries), for the backward's sum."""
     return _MoveRows.apply(x_TD, src_Y, dest_Y, n_out, index_TJ, valid_TJ)
-
-
-def permute_rows(
-    x_RD: torch.Tensor, perm_R: torch.Tensor, inv_perm_R: torch.Tensor
-) -> torch.Tensor:
-    """x_RD[perm_R] for a permutation perm_R with inverse inv_perm_R."""
-    return _PermuteRows.apply(x_RD, perm_R, inv_perm_R)
 
 
 def scatter_rows(x_RD: torch.Tensor, dest_R: torch.Tensor, n_rows: int) -> torch.Tensor:

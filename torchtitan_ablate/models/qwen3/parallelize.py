@@ -24,11 +24,11 @@ from torchtitan_ablate.config import ConfigError
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.distributed.activation_checkpoint import apply_ac
 from torchtitan_ablate.distributed.context_parallel import apply_cp
-from torchtitan_ablate.distributed.ep_token_dispatch import TokenDispatchExperts
-from torchtitan_ablate.distributed.expert_parallel import apply_ep
+from torchtitan_ablate.distributed.ep_token_dispatch import TokenDispatch
+from torchtitan_ablate.distributed.expert_parallel import RowDispatch, apply_ep
 from torchtitan_ablate.distributed.fsdp import AccumulationPlan, apply_fsdp, describe_layout
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
-from torchtitan_ablate.models.common.lora import apply_lora, make_ep_lora_experts
+from torchtitan_ablate.models.common.lora import apply_lora
 
 logger = logging.getLogger("torchtitan_ablate")
 
@@ -106,9 +106,7 @@ def parallelize_qwen3(
 
     if pd.ep_enabled:
         tokens = job_config.parallelism.expert_parallel_dispatch == "tokens"
-        apply_ep(model, pd.mesh("ep"), TokenDispatchExperts if tokens else None)
-        if lora.enable:
-            make_ep_lora_experts(model)
+        apply_ep(model, pd.mesh("ep"), TokenDispatch if tokens else RowDispatch)
         logger.info(f"expert parallel: experts split over {pd.ep} ranks, sharded over {pd.efsdp}")
 
     if pd.cp_enabled:
