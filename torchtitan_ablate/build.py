@@ -66,7 +66,7 @@ class BuildOptions:
     dtype; the estimator asks for CUDA's grouped GEMM on CPU)."""
 
 
-TRAINING_BUILD = BuildOptions()
+TRAINING_BUILD = BuildOptions()  # the trainer's (and bench's, seed checkpoint's) build
 
 
 @dataclass
