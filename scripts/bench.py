@@ -27,6 +27,7 @@ import sys
 import time
 import traceback
 import warnings
+from typing import Any
 
 import torch
 from torch.autograd import DeviceType
@@ -38,7 +39,7 @@ from torchtitan_ablate.components.observability.metrics import device_peak_tflop
 from torchtitan_ablate.components.text.bench_corpus import DEFAULT_OUT, with_corpus
 from torchtitan_ablate.config import JobConfig, exit_on_config_error, load_config
 from torchtitan_ablate.distributed import utils as dist_utils
-from torchtitan_ablate.models.qwen3 import Qwen3ModelArgs
+from torchtitan_ablate.models.registry import state_dict_adapter
 from torchtitan_ablate.step import next_micro_batches, train_step
 
 
@@ -74,7 +75,7 @@ def _time_steps(step_fn, batches, warmup: int, steps: int, device: torch.device)
 
 def bench_engine(
     config: JobConfig, warmup: int, steps: int, profile_: bool = False, trace: str | None = None
-) -> tuple[dict, list, Qwen3ModelArgs]:
+) -> tuple[dict, list, Any]:
     """Timed (and optionally profiled) steps of the engine; the result row, the micro-batches
     and the model sizes of the run."""
     device = dist_utils.pick_device(config.training.device)
@@ -208,25 +209,24 @@ def _print_sync_sites(step_fn, batch) -> None:
 
 def bench_hf(
     config: JobConfig,
-    model_args: Qwen3ModelArgs,
+    model_args: Any,
     batches: list,
     warmup: int,
     steps: int,
     compile_: bool,
     bf16_weights: bool = False,
 ) -> dict:
-    """transformers' Qwen3 of the same shape: bf16 autocast over fp32 weights (as its Trainer's
+    """transformers' model of the same shape (the config.json the family's state-dict adapter
+    writes): bf16 autocast over fp32 weights (as its Trainer's
     bf16=True), or with bf16_weights pure bf16 weights, gradients and AdamW states (what its
     compiled MoE needs for the grouped_mm experts kernel; it falls back to a per-expert loop
     for fp32 weights under torch.compile); AdamW, SDPA."""
     import transformers
 
-    hf_config = model_args.to_hf_config()
+    hf_config = state_dict_adapter(model_args).hf_config()
     device = batches[0][0]["input_ids"].device
-    moe = model_args.num_experts > 0
-    cls_name = "Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"
-    cfg_cls = transformers.Qwen3MoeConfig if moe else transformers.Qwen3Config
-    hf_cfg = cfg_cls(**hf_config)
+    cls_name = hf_config["architectures"][0]
+    hf_cfg = transformers.AutoConfig.for_model(**hf_config)
     hf_cfg._attn_implementation = "sdpa"
     torch.manual_seed(config.training.seed)
     model = getattr(transformers, cls_name)(hf_cfg).to(device)

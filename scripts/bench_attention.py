@@ -1,6 +1,7 @@
 """Causal attention kernels at a model's training shape: forward and forward+backward time.
 
-    python scripts/bench_attention.py [--flavor 0.6B] [--batch 4] [--seq 4096] [--reps 10]
+    python scripts/bench_attention.py [--model qwen3] [--flavor 0.6B] [--batch 4] [--seq 4096]
+        [--reps 10]
 
 Each variant computes the same causal GQA attention on the same random bf16 inputs; its output
 and gradients are checked against the first variant (relative error), then timed with CUDA
@@ -14,8 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from torchtitan_ablate.config import ConfigError
+from torchtitan_ablate.config.job_config import Model
 from torchtitan_ablate.models.common import attention as attn
-from torchtitan_ablate.models.qwen3.args import qwen3_flavors
+from torchtitan_ablate.models.registry import get_spec
 
 
 def _sdpa_backend(backend: SDPBackend, repeat_kv: bool, contiguous: bool):
@@ -72,12 +75,19 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=Model.name, help="model family (as model.name)")
     parser.add_argument("--flavor", default="0.6B")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args()
-    m = qwen3_flavors[args.flavor]
+    try:
+        flavors = get_spec(args.model).flavors
+    except ConfigError as e:
+        parser.error(str(e))
+    if args.flavor not in flavors:
+        parser.error(f"--flavor {args.flavor}: one of {', '.join(flavors)}")
+    m = flavors[args.flavor]
     B, S, H, J, K = args.batch, args.seq, m.n_heads, m.n_kv_heads, m.head_dim
     torch.manual_seed(0)
     q = torch.randn(B, S, H, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)

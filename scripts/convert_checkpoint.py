@@ -32,23 +32,22 @@ import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import tomllib
 import torch
 import torch.distributed.checkpoint as dcp
 
-from torchtitan_ablate.components.checkpoint.hf import (
-    SafetensorsFolder,
-    hf_model_args,
-    save_hf_checkpoint,
-)
+from torchtitan_ablate.components.checkpoint.hf import SafetensorsFolder, save_hf_checkpoint
 from torchtitan_ablate.components.checkpoint.offline_weights import find_run_toml, read_dcp_model
 from torchtitan_ablate.components.checkpoint.peft_export import save_peft_adapters
+from torchtitan_ablate.config.job_config import Model
 from torchtitan_ablate.models.common.lora import merge_lora_state_dict
-from torchtitan_ablate.models.qwen3 import (
-    Qwen3ModelArgs,
-    Qwen3StateDictAdapter,
-    qwen3_flavors,
+from torchtitan_ablate.models.registry import (
+    args_from_hf_config,
+    get_spec,
+    hf_model_args,
+    state_dict_adapter,
 )
 
 
@@ -58,27 +57,31 @@ def find_run_config(dcp_dir: Path) -> dict | None:
     return None if toml is None else tomllib.loads(toml.read_text())
 
 
-def _hf_args(path: Path) -> Qwen3ModelArgs:
-    """hf_model_args for a folder or a config.json file; ValueError for a non-Qwen3 config."""
+def _hf_args(path: Path) -> Any:
+    """hf_model_args for a folder or a config.json file; ValueError for a config of no
+    registered model family."""
     try:
         if path.is_file():
-            return Qwen3ModelArgs.from_hf_config(json.loads(path.read_text()))
+            return args_from_hf_config(json.loads(path.read_text()), str(path))
         return hf_model_args(path)
     except KeyError as e:
-        raise ValueError(f"{path}: the HF config lacks {e}; is it a Qwen3 model?") from None
+        raise ValueError(f"{path}: the HF config lacks {e}; is it the model it names?") from None
 
 
-def resolve_args(flavor: str | None, run: dict | None, dcp_dir: Path) -> Qwen3ModelArgs:
+def resolve_args(flavor: str | None, run: dict | None, dcp_dir: Path) -> Any:
+    """The model sizes (in the family's args class): a flavor of the run's model.name (default
+    the config's), an HF folder or config.json, or the DCP folder's config.json."""
     model = (run or {}).get("model", {})
     ckpt = (run or {}).get("checkpoint", {})
     name = flavor or model.get("flavor")
-    if name in qwen3_flavors:
-        args = qwen3_flavors[name]
+    flavors = get_spec(model.get("name", Model.name)).flavors
+    if name in flavors:
+        args = flavors[name]
     elif name and name != "auto":
         if not Path(name).exists():
             where = "--flavor" if flavor else "model.flavor of the run's config.toml:"
             raise ValueError(
-                f"{where} {name!r} is neither a flavor name ({', '.join(qwen3_flavors)}) nor an "
+                f"{where} {name!r} is neither a flavor name ({', '.join(flavors)}) nor an "
                 "existing HF folder / config.json"
             )
         args = _hf_args(Path(name))
@@ -115,7 +118,8 @@ def to_hf(dcp_dir: Path, out_dir: Path, flavor: str | None, dtype: str | None,
 
         def save_peft(tmp: Path) -> list[str]:
             return save_peft_adapters(
-                state, tmp, alpha=float(alpha or 0), dropout=float(lora.get("dropout", 0.0)),
+                state, tmp, state_dict_adapter(args), alpha=float(alpha or 0),
+                dropout=float(lora.get("dropout", 0.0)),
                 base_model=ckpt.get("initial_load_path") or None, is_moe=args.num_experts > 0,
                 dtype=getattr(torch, dtype) if dtype else None,
             )  # fmt: skip
@@ -147,7 +151,7 @@ def to_dcp(hf_dir: Path, out_dir: Path) -> list[str]:
     args = _hf_args(hf_dir)
     folder = SafetensorsFolder(hf_dir)
     hf_sd = {k: folder.read(k, (slice(None),)) for k in folder.file_of}
-    native = Qwen3StateDictAdapter(args).from_hf(hf_sd)  # tied: output.weight is the embedding
+    native = state_dict_adapter(args).from_hf(hf_sd)  # a tied entry: its source's tensor
     dcp.save(native, checkpoint_id=str(out_dir), no_dist=True)
     shutil.copy(hf_dir / "config.json", out_dir / "config.json")
     return sorted(os.listdir(out_dir))

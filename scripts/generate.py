@@ -24,26 +24,32 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
 from torchtitan_ablate.components.checkpoint.hf import load_hf_weights
 from torchtitan_ablate.components.checkpoint.offline_weights import find_run_toml, read_dcp_model
 from torchtitan_ablate.components.text.tokenizer import Tokenizer, build_tokenizer
 from torchtitan_ablate.config import ConfigError, JobConfig, load_config
 from torchtitan_ablate.models.common.lora import merge_lora_state_dict
-from torchtitan_ablate.models.qwen3 import Qwen3Model, Qwen3ModelArgs
-from torchtitan_ablate.models.qwen3.generate import generate
-from torchtitan_ablate.models.qwen3.sizes import build_model_args, hf_model_args
+from torchtitan_ablate.models.registry import (
+    get_spec,
+    hf_model_args,
+    spec_for_args,
+    state_dict_adapter,
+)
 
 
-def dcp_sizes(dcp_dir: Path, config: Path | None) -> tuple[Qwen3ModelArgs, JobConfig | None]:
+def dcp_sizes(dcp_dir: Path, config: Path | None) -> tuple[Any, JobConfig | None]:
     """Model sizes of a DCP checkpoint and the run's config (None when sizes come from a
     config.json): the same path from [model] to sizes as training takes."""
     toml = config or find_run_toml(dcp_dir)
     if toml is not None:
         job = load_config(["--job.config_file", str(toml)])
-        args = build_model_args(job.model, job.training.seq_len, job.checkpoint.initial_load_path)
+        spec = get_spec(job.model.name)
+        args = spec.build_args(job.model, job.training.seq_len, job.checkpoint.initial_load_path)
         return args, job
     if (dcp_dir / "config.json").is_file():
         return hf_model_args(dcp_dir), None
@@ -53,10 +59,11 @@ def dcp_sizes(dcp_dir: Path, config: Path | None) -> tuple[Qwen3ModelArgs, JobCo
     )
 
 
-def empty_model(args: Qwen3ModelArgs, device: torch.device) -> Qwen3Model:
-    """The model on `device`, initialized (RoPE tables included) before its weights are read."""
+def empty_model(args: Any, device: torch.device) -> nn.Module:
+    """The model of its family on `device`, initialized (RoPE tables included) before its
+    weights are read."""
     with torch.device("meta"):
-        model = Qwen3Model(args)
+        model = spec_for_args(args).model_cls(args)
     model.to_empty(device=device)
     model.init_weights(buffer_device=device)
     return model
@@ -64,7 +71,7 @@ def empty_model(args: Qwen3ModelArgs, device: torch.device) -> Qwen3Model:
 
 def load_model(
     checkpoint: Path, config: Path | None, device: torch.device
-) -> tuple[Qwen3Model, JobConfig | None]:
+) -> tuple[nn.Module, JobConfig | None]:
     """The model of a DCP or HF folder (float32, eval mode) and the run's config if known."""
     if not checkpoint.is_dir():
         raise ValueError(f"{checkpoint}: no such folder (give a checkpoint/step-N or HF folder)")
@@ -78,8 +85,8 @@ def load_model(
             if job is None:
                 raise ValueError(f"{checkpoint} holds LoRA adapters: pass --config for [lora]")
             state = merge_lora_state_dict(state, job.lora.alpha)
-        if args.tie_embeddings:
-            state["output.weight"] = state["tok_embeddings.weight"]
+        for alias, source in state_dict_adapter(args).tied_keys().items():
+            state[alias] = state[source]
         model = empty_model(args, device)
         model.load_state_dict(state)
     elif (checkpoint / "config.json").is_file():
@@ -132,6 +139,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(a: argparse.Namespace) -> str:
     """Loads, generates and returns the prompt with its continuation."""
     model, job = load_model(a.checkpoint, a.config, torch.device(a.device))
+    spec = spec_for_args(model.args)
+    if spec.generate is None:
+        raise ValueError(f"model family {spec.name!r} has no decoder (ModelSpec.generate)")
     model.to(getattr(torch, a.dtype))
     tokenizer = load_tokenizer(a.tokenizer, a.checkpoint, job)
     if tokenizer.vocab_size > model.args.vocab_size:
@@ -144,8 +154,8 @@ def run(a: argparse.Namespace) -> str:
         raise ValueError("--prompt is empty: give some text to continue")
     prompt_1L = torch.tensor([prompt_ids], device=a.device)
     start = time.perf_counter()
-    new_1N = generate(model, prompt_1L, a.max_new_tokens, a.temperature, a.top_p,
-                      tokenizer.eos_id, a.seed)  # fmt: skip
+    new_1N = spec.generate(model, prompt_1L, a.max_new_tokens, a.temperature, a.top_p,
+                           tokenizer.eos_id, a.seed)  # fmt: skip
     seconds = time.perf_counter() - start
     new_ids = new_1N[0].tolist()
     if tokenizer.eos_id in new_ids:

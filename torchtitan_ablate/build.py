@@ -5,16 +5,20 @@
     run = build_run(config, layout, device)                   # model, optimizer, schedule, loss
 
 `check_layout` alone makes every check that needs no process group (the ablation dry run).
-The model is built on the meta device, parallelized by `parallelize_qwen3`, materialized on the
+The model family is model.name's (models/registry.py): its sizes, model class and parallelize
+recipe. The model is built on the meta device, parallelized by that recipe, materialized on the
 device and initialized; `step.train_step(run, batches)` is the step every caller times, tracks
-or trains with.
+or trains with. `BuildOptions` holds what a tool (the memory estimator) builds differently.
 """
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
 
 from torchtitan_ablate.components.compile import INDUCTOR, CompileBackend
 from torchtitan_ablate.components.data import build_dataloader
@@ -30,20 +34,39 @@ from torchtitan_ablate.components.optim.lr_scheduler import build_lr_scheduler
 from torchtitan_ablate.components.optim.optimizer import build_optimizer
 from torchtitan_ablate.components.text.tokenizer import Tokenizer, build_tokenizer
 from torchtitan_ablate.config import ConfigError, JobConfig
+from torchtitan_ablate.config.derived import compiles, resolved_loss_impl
 from torchtitan_ablate.config.dpo_config import dpo_enabled
 from torchtitan_ablate.distributed.fsdp import AccumulationPlan
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.models.common import attention
 from torchtitan_ablate.models.common.init import ParamInit
 from torchtitan_ablate.models.common.lora import adapters_off, init_lora_weights
-from torchtitan_ablate.models.qwen3 import Qwen3Model, Qwen3ModelArgs
-from torchtitan_ablate.models.qwen3.parallelize import parallelize_qwen3
-from torchtitan_ablate.models.qwen3.sizes import build_model_args
+from torchtitan_ablate.models.registry import get_spec
 
 logger = logging.getLogger("torchtitan_ablate")
 
 # The loss sum, or (sum, metric sums) where the loss reports more (DPO's rewards and log-probs).
-LossFn = Callable[[Qwen3Model, dict], torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]]
+LossFn = Callable[[nn.Module, dict], torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What the build path builds differently for a tool; the defaults build the trainer's run.
+    The memory estimator builds CUDA's program on fake CPU tensors with these."""
+
+    optimizer_device_type: str | None = None
+    """The device type the optimizer is chosen for (None: the build device's)."""
+
+    compile_backend: CompileBackend = INDUCTOR
+    """torch.compile's backend where the config compiles (the estimator's models Inductor on
+    fake tensors, estimator/compiled.py)."""
+
+    moe_grouped_mm: bool | None = None
+    """Force the routed experts' kernel of an MoE model (None: the model picks by device and
+    dtype; the estimator asks for CUDA's grouped GEMM on CPU)."""
+
+
+TRAINING_BUILD = BuildOptions()  # the trainer's (and bench's, seed checkpoint's) build
 
 
 @dataclass
@@ -51,7 +74,8 @@ class Layout:
     """What a run is before anything is built: degrees, model sizes, micro-batches per step."""
 
     parallel_dims: ParallelDims
-    model_args: Qwen3ModelArgs
+    model_args: Any
+    """The sizes, in the model family's args class."""
     grad_accum: int
     sequences_per_step: int
     """Sequences per optimizer step over all ranks (the global batch)."""
@@ -66,9 +90,9 @@ class Run:
     """A built run: everything `step.train_step` needs."""
 
     parallel_dims: ParallelDims
-    model_args: Qwen3ModelArgs
+    model_args: Any
     grad_accum: int
-    model: Qwen3Model
+    model: nn.Module
     optimizer: torch.optim.Optimizer
     lr_scheduler: torch.optim.lr_scheduler.LRScheduler
     loss_fn: LossFn
@@ -78,7 +102,7 @@ class Run:
     loss_count: Callable[[dict], torch.Tensor] = count_valid_tokens
     """A micro-batch's count that loss_fn's sum is divided by (summed over the loss group):
     valid tokens; for DPO, preference pairs."""
-    reference: Qwen3Model | None = None
+    reference: nn.Module | None = None
     """DPO's frozen reference copy (None otherwise, and with LoRA: adapters switched off)."""
 
 
@@ -113,7 +137,7 @@ def check_layout(config: JobConfig, world_size: int) -> Layout:
     """Every check made before anything is built (shared by the trainer, the estimator and the
     ablation dry run): degrees vs world size, model vs degrees, batch vs data parallel."""
     pd = build_parallel_dims(config, world_size)
-    model_args = build_model_args(
+    model_args = get_spec(config.model.name).build_args(
         config.model, config.training.seq_len, config.checkpoint.initial_load_path
     )
     try:
@@ -155,23 +179,12 @@ def build_data(
         )
     pd = layout.parallel_dims
     dataloader = build_dataloader(
-        dataset=t.dataset,
-        dataset_path=t.dataset_path,
-        tokenizer=tokenizer,
-        seq_len=t.seq_len,
-        local_batch_size=t.local_batch_size,
-        packing=t.packing,
-        dp_rank=pd.dp_rank(),
-        dp_world_size=pd.dp,
-        seed=t.seed,
-        num_workers=t.num_workers,
+        t,
+        tokenizer,
+        pd.dp_rank(),
+        pd.dp,
         pin_memory=device.type == "cuda",
-        data_sharding=t.data_sharding,
-        text_field=t.dataset_text_field,
-        shuffle_buffer=t.shuffle_buffer,
-        dataset_weights=t.dataset_weights,
         max_bad_rows=config.dpo.max_bad_rows,
-        synthetic_doc_len=t.synthetic_doc_len,
     )
     return tokenizer, dataloader
 
@@ -179,19 +192,23 @@ def build_data(
 def build_model(
     config: JobConfig,
     parallel_dims: ParallelDims,
-    model_args: Qwen3ModelArgs,
+    model_args: Any,
     device: torch.device,
-    compile_backend: CompileBackend = INDUCTOR,
-) -> tuple[Qwen3Model, AccumulationPlan | None]:
-    """The one model-building path: meta build, parallelize, materialize on `device`,
-    initialize. Returns the model and FSDP's plan for the micro-batches of a step.
-    compile_backend: torch.compile's backend where compile.enable (the estimator's own)."""
+    options: BuildOptions = TRAINING_BUILD,
+) -> tuple[nn.Module, AccumulationPlan | None]:
+    """The one model-building path: meta build, parallelize (the family's recipe), materialize
+    on `device`, initialize. Returns the model and FSDP's plan for the micro-batches of a step."""
     if model_args.attn_backend == "flash" and attention.flash_attn_module() is None:
         # Here, not inside the first (compiled) forward, where it would surface as a dynamo trace.
         raise ConfigError(attention.FLASH_MISSING)
+    if options.moe_grouped_mm is not None and model_args.num_experts:
+        model_args = dataclasses.replace(model_args, moe_grouped_mm=options.moe_grouped_mm)
+    spec = get_spec(config.model.name)
     with torch.device("meta"):
-        model = Qwen3Model(model_args)
-    accumulation = parallelize_qwen3(model, parallel_dims, config, device.type, compile_backend)
+        model = spec.model_cls(model_args)
+    accumulation = spec.parallelize(
+        model, parallel_dims, config, device.type, options.compile_backend
+    )
     model.to_empty(device=device)
     # Every weight from a generator seeded by (training.seed, its name), drawn whole on the
     # device and sliced: the same initial weights in every layout (models/common/init.py).
@@ -203,18 +220,17 @@ def build_model(
     return model, accumulation
 
 
-def build_loss_fn(config: JobConfig, compile_backend: CompileBackend = INDUCTOR) -> LossFn:
+def build_loss_fn(config: JobConfig, options: BuildOptions = TRAINING_BUILD) -> LossFn:
     """loss_fn(model, micro_batch) -> this micro-batch's cross-entropy sum, as configured by
-    training.loss_impl (the one place that reads it): chunked (loss_chunk_size tokens at a time),
-    liger or cce run as the model's loss head (no full logits; components/objective/loss.py);
-    plain takes the loss of the logits. auto: chunked when loss_chunk_size > 0, else plain.
-    compile.components "loss" compiles the chunked and plain losses (fuses
-    the fp32 upcast, log-softmax and gather); liger and cce are Triton kernels already."""
+    training.loss_impl (resolved by config/derived.py): chunked (loss_chunk_size tokens at a
+    time), liger or cce run as the model's loss head (no full logits;
+    components/objective/loss.py); plain takes the loss of the logits. compile.components
+    "loss" compiles the chunked and plain losses (fuses the fp32 upcast, log-softmax and
+    gather); liger and cce are Triton kernels already."""
     t = config.training
-    impl = t.loss_impl
-    if impl == "auto":
-        impl = "chunked" if t.loss_chunk_size > 0 else "plain"
-    compiled = config.compile.enable and "loss" in config.compile.components
+    impl = resolved_loss_impl(t)
+    compiled = compiles(config.compile, "loss")
+    compile_backend = options.compile_backend
 
     def inputs(batch: dict) -> tuple:
         return batch["input_ids"], batch["positions"], batch["document_ids"]
@@ -224,7 +240,7 @@ def build_loss_fn(config: JobConfig, compile_backend: CompileBackend = INDUCTOR)
         if compiled:
             ce = torch.compile(cross_entropy_sum, backend=compile_backend)
 
-        def plain_loss(model: Qwen3Model, batch: dict) -> torch.Tensor:
+        def plain_loss(model: nn.Module, batch: dict) -> torch.Tensor:
             return ce(model(*inputs(batch)), batch["labels"])
 
         return plain_loss
@@ -234,7 +250,7 @@ def build_loss_fn(config: JobConfig, compile_backend: CompileBackend = INDUCTOR)
         check_kernel_loss(impl)
         head = kernel_loss_head(impl)
 
-    def head_loss(model: Qwen3Model, batch: dict) -> torch.Tensor:
+    def head_loss(model: nn.Module, batch: dict) -> torch.Tensor:
         return model(*inputs(batch), labels_BS=batch["labels"], loss_head=head)
 
     return head_loss
@@ -244,24 +260,20 @@ def build_run(
     config: JobConfig,
     layout: Layout,
     device: torch.device,
-    optimizer_device_type: str | None = None,
-    compile_backend: CompileBackend = INDUCTOR,
+    options: BuildOptions = TRAINING_BUILD,
 ) -> Run:
     """Model, optimizer, LR schedule and loss on the layout's meshes (the estimator calls it
-    under its FakeTensorMode, after build_layout: DeviceMesh needs real rank tensors).
-
-    optimizer_device_type: the device the optimizer is chosen for (the estimator builds CUDA's
-    on fake CPU tensors); compile_backend: torch.compile's backend (the estimator's models
-    Inductor on fake tensors, estimator/compiled.py)."""
+    under its FakeTensorMode, after build_layout: DeviceMesh needs real rank tensors)."""
     model, accumulation = build_model(
-        config, layout.parallel_dims, layout.model_args, device, compile_backend
+        config, layout.parallel_dims, layout.model_args, device, options
     )
-    optimizer = build_optimizer([model], config.optimizer, optimizer_device_type or device.type)
+    optimizer_device_type = options.optimizer_device_type or device.type
+    optimizer = build_optimizer([model], config.optimizer, optimizer_device_type)
     lr_scheduler = build_lr_scheduler(optimizer, config.lr_scheduler, config.training.steps)
     if dpo_enabled(config):  # the pair loss and its reference model
-        loss = _build_dpo(config, layout, device, model, compile_backend)
+        loss = _build_dpo(config, layout, device, model, options)
     else:
-        loss = dict(loss_fn=build_loss_fn(config, compile_backend))
+        loss = dict(loss_fn=build_loss_fn(config, options))
     return Run(
         parallel_dims=layout.parallel_dims,
         model_args=layout.model_args,
@@ -279,18 +291,16 @@ def _build_dpo(
     config: JobConfig,
     layout: Layout,
     device: torch.device,
-    model: Qwen3Model,
-    compile_backend: CompileBackend,
+    model: nn.Module,
+    options: BuildOptions,
 ) -> dict:
     """Run's DPO fields: the pair loss, the pair count, and the reference model (a second
     model built and sharded like the policy; with LoRA none: the policy with adapters off)."""
     reference = None
     if not config.lora.enable:
-        reference, _ = build_model(
-            config, layout.parallel_dims, layout.model_args, device, compile_backend
-        )
+        reference, _ = build_model(config, layout.parallel_dims, layout.model_args, device, options)
     t = config.training
-    chunk = t.loss_chunk_size if t.loss_impl != "plain" else 0
+    chunk = t.loss_chunk_size if resolved_loss_impl(t) == "chunked" else 0
     loss_fn = build_dpo_loss(
         config.dpo, chunk, layout.parallel_dims, model, reference, adapters_off
     )

@@ -1,6 +1,7 @@
 """Train one config on N gloo ranks (or one process) on the *same global batch* and return the
 per-step losses and the final full parameters, for layout-equivalence tests."""
 
+import dataclasses
 import itertools
 
 import torch
@@ -54,10 +55,9 @@ class _GlobalBatchSlice:
         pass
 
 
-def _build_global_slicing_loader(**kw):
-    dp_rank, dp = kw.pop("dp_rank"), kw.pop("dp_world_size")
-    kw["local_batch_size"] = GLOBAL_BATCH
-    loader = data_mod.build_dataloader(dp_rank=0, dp_world_size=1, **kw)
+def _build_global_slicing_loader(data, tokenizer, dp_rank, dp, **kw):
+    whole = dataclasses.replace(data, local_batch_size=GLOBAL_BATCH)
+    loader = data_mod.build_dataloader(whole, tokenizer, 0, 1, **kw)
     return _GlobalBatchSlice(loader, dp_rank, dp)
 
 

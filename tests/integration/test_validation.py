@@ -10,6 +10,7 @@ from tests.integration.parallel_harness import build_trainer
 from torchtitan_ablate.components.data import build_dataloader
 from torchtitan_ablate.components.objective.loss import cross_entropy_sum, num_valid_tokens
 from torchtitan_ablate.config import ConfigError
+from torchtitan_ablate.config.job_config import Training
 
 CORPUS = "assets/data/debug_corpus.jsonl"
 VALIDATION = ["--validation.enable", "true", "--validation.dataset_path", CORPUS]
@@ -22,11 +23,12 @@ AUX_OFF = ["--model.moe_aux_loss_coef", "0"]
 def _reference_loss(trainer) -> float:
     """The held-out loss from scratch: a fresh loader of the validation rows, plain logits."""
     c, t = trainer.config.validation, trainer.config.training
-    loader = build_dataloader(
-        dataset=t.dataset, dataset_path=c.dataset_path, tokenizer=trainer.tokenizer,
-        seq_len=t.seq_len, local_batch_size=t.local_batch_size, packing=t.packing, dp_rank=0,
-        dp_world_size=1, seed=0, data_sharding=t.data_sharding,
+    data = Training(
+        dataset=t.dataset, dataset_path=c.dataset_path, seq_len=t.seq_len,
+        local_batch_size=t.local_batch_size, packing=t.packing, seed=0,
+        data_sharding=t.data_sharding,
     )  # fmt: skip
+    loader = build_dataloader(data, trainer.tokenizer, 0, 1)
     loss, tokens = 0.0, 0
     with torch.no_grad():
         for _, batch in zip(range(c.steps), loader, strict=False):

@@ -3,7 +3,7 @@ block of the same shape; FSDP's hooks (applied later) stay outside the graphs.
 
 The backend is a seam: the trainer compiles with Inductor; the memory estimator passes its own
 backend (estimator/compiled.py), which partitions the same graphs as Inductor and runs them on
-fake tensors, through build_run's `compile_backend` argument."""
+fake tensors, through the build path's `BuildOptions.compile_backend`."""
 
 from collections.abc import Callable
 

@@ -1,7 +1,7 @@
 """The compiled program on fake tensors: torch.compile's graphs as Inductor gets them, run with
 Inductor's buffers.
 
-`fake_inductor()` is a torch.compile backend (the build path's `compile_backend` seam) that does
+`FakeInductor()` is a torch.compile backend (build.BuildOptions.compile_backend) that does
 what Inductor does up to code generation -- AOTAutograd traces the joint forward/backward graph
 with Inductor's decompositions, Inductor's own `partition_fn` (its joint-graph passes, then
 min-cut rematerialisation) decides what the forward saves for backward -- and instead of
@@ -36,6 +36,7 @@ import torch
 from torch import fx
 from torch._dynamo.backends.common import aot_autograd
 
+from torchtitan_ablate.config.derived import compiles, resolved_loss_impl
 from torchtitan_ablate.estimator.tracker import MemoryTracker
 
 _REALIZE_READS = 4  # torch._inductor.config.realize_reads_threshold
@@ -229,15 +230,14 @@ class FakeInductor:
 
 def describe_program(config, backend: FakeInductor) -> str:
     """Which parts of the step are compiled (modelled as above) and which run eager."""
-    c, t = config.compile, config.training
-    if not c.enable:
+    if not config.compile.enable:
         return "program: eager (compile.enable = false)"
-    impl = t.loss_impl if t.loss_impl != "auto" else ("chunked" if t.loss_chunk_size else "plain")
+    impl = resolved_loss_impl(config.training)
     compiled, eager = [], ["embeddings", "final norm", "optimizer step"]
     parts = [("model", "transformer blocks"), ("loss", f"{impl} loss")]
-    for component, what in parts:
-        fused_kernel = component == "loss" and impl not in ("chunked", "plain")
-        (compiled if component in c.components and not fused_kernel else eager).append(what)
+    for part, what in parts:
+        fused_kernel = part == "loss" and impl not in ("chunked", "plain")
+        (compiled if compiles(config.compile, part) and not fused_kernel else eager).append(what)
     return (
         f"program: compiled {', '.join(compiled) or 'nothing'} ({backend.graphs} graphs traced, "
         "Inductor modelled on fake tensors: AOTAutograd partition, fused pointwise ops); "

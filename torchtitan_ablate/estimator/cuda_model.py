@@ -8,7 +8,7 @@ Each adjustment is listed (with its reason) in docs/memory_estimation.md:
 2. optimizer: `optimizer.implementation = auto` is fused on CUDA (no per-step temporaries) and
    foreach on CPU; the estimate builds the optimizer for "cuda".
 3. routed experts: CUDA bf16 runs `torch._grouped_mm` on rows padded per expert; the estimate
-   forces that path (`Qwen3ModelArgs.moe_grouped_mm`), which has a CPU meta kernel.
+   forces that path (`build.BuildOptions.moe_grouped_mm`), which has a CPU meta kernel.
 4. attention: CUDA's cuDNN / flash / FlexAttention kernels save only q, k, v, out and the
    log-sum-exp (float32 [B, H, S]) for backward, plus the additive bias when a dense mask is
    given (SDPA turns a bool mask into a bias of the query dtype for cuDNN / efficient

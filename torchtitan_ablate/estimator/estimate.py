@@ -6,8 +6,9 @@
 3. `tracked_step`: the trainer's build path and train_step, tracked by MemoryTracker, with MoE
    routing forced (routing.py), CUDA's attention kernel stood in (cuda_model.py), the Triton
    loss kernels of loss_impl liger / cce stood in (kernel_loss.py) and, where the
-   config compiles, torch.compile's backend set to `compiled.FakeInductor` (the build path's
-   `compile_backend` seam): Inductor's partitioned graphs run on fake tensors.
+   config compiles, torch.compile's backend set to `compiled.FakeInductor`: Inductor's
+   partitioned graphs run on fake tensors. The build path takes these choices as one
+   `build.BuildOptions`.
 """
 
 import copy
@@ -18,6 +19,7 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
+from torchtitan_ablate.build import BuildOptions
 from torchtitan_ablate.config import ConfigError, JobConfig
 from torchtitan_ablate.estimator import cuda_model, kernel_loss
 from torchtitan_ablate.estimator.compiled import FakeInductor, describe_program
@@ -84,8 +86,13 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
     me = config.memory_estimation
     cfg, notes = prepare_config(config, target)
     cuda = target == "cuda"
-    grouped_mm = param_dtype(cfg, "cpu") == torch.bfloat16 if cuda else None
     backend = FakeInductor()
+    options = BuildOptions(
+        optimizer_device_type=target,
+        compile_backend=backend,
+        # CUDA picks grouped GEMM for bf16 experts (prepare_config gives CPU CUDA's dtypes).
+        moe_grouped_mm=param_dtype(cfg, "cpu") == torch.bfloat16 if cuda else None,
+    )
     with ExitStack() as stack:
         stack.enter_context(fake_world(world_size))
         stack.enter_context(fresh_dynamo())
@@ -99,11 +106,9 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
                 cfg,
                 world_size,
                 torch.device("cpu"),
-                optimizer_device_type="cuda" if cuda else "cpu",
+                options,
                 round_bytes=cuda_model.ROUND_BYTES if cuda else 1,
-                grouped_mm=grouped_mm,
                 tensor_mode=fake_tensors(),
-                compile_backend=backend,
             )
         except (ValueError, NotImplementedError) as e:
             if isinstance(e, ConfigError):

@@ -41,7 +41,7 @@ def _cpu_rank(rank: int, world_size: int, store_path: str, out, config: JobConfi
             if config.compile.enable:
                 out.put((rank, (_inductor_cpu_peak(config, world_size), {})))
             else:
-                result = tracked_step(config, world_size, torch.device("cpu"), "cpu")
+                result = tracked_step(config, world_size, torch.device("cpu"))
                 out.put((rank, (result.tracker.peak, dict(result.tracker.peak_by_category))))
     finally:
         dist.barrier()
@@ -62,7 +62,7 @@ def _inductor_cpu_peak(config: JobConfig, world_size: int) -> int:
 
     device = torch.device("cpu")
     layout = build_layout(config, world_size, "cpu")
-    run = build_run(config, layout, device, "cpu")
+    run = build_run(config, layout, device)
     create_optimizer_state(run.model, run.optimizer)
     vocab = layout.model_args.vocab_size
     train_step(run, synthetic_batches(config, layout.parallel_dims, vocab, run.grad_accum, device))

@@ -1,7 +1,8 @@
 """One tracked training step on the trainer's own build path (fake or real tensors alike).
 
 `tracked_step` runs, in the current process group, build.build_layout (checks, meshes, seed) ->
-build.build_run (meta build, parallelize_qwen3, to_empty, init, optimizer, schedule, loss) ->
+build.build_run (meta build, the family's parallelize, to_empty, init, optimizer, schedule,
+loss) ->
 step.train_step on synthetic micro-batches of the configured shape, with a MemoryTracker around
 the step only (so weight init is never counted). The estimator calls it
 under a fake process group and FakeTensorMode; the validation calls it on real gloo ranks.
@@ -10,14 +11,12 @@ Steady state: the optimizer state is created before tracking (one step on zero g
 the tracked step is the one every later step repeats, with Adam's moments already resident.
 """
 
-import dataclasses
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 
-from torchtitan_ablate.build import build_layout, build_run
-from torchtitan_ablate.components.compile import INDUCTOR, CompileBackend
+from torchtitan_ablate.build import TRAINING_BUILD, BuildOptions, build_layout, build_run
 from torchtitan_ablate.components.data.preference import synthetic_pair_keys
 from torchtitan_ablate.config import JobConfig
 from torchtitan_ablate.distributed.context_parallel import place_micro_batch
@@ -66,25 +65,21 @@ def tracked_step(
     config: JobConfig,
     world_size: int,
     device: torch.device,
-    optimizer_device_type: str,
+    options: BuildOptions = TRAINING_BUILD,
     round_bytes: int = 1,
-    grouped_mm: bool | None = None,
     tensor_mode: AbstractContextManager | None = None,
-    compile_backend: CompileBackend = INDUCTOR,
 ) -> StepResult:
-    """Builds the run exactly as the trainer does and tracks one steady-state step.
+    """Builds the run exactly as the trainer does (with the estimator's `options`: CUDA's
+    optimizer, kernels and FakeInductor) and tracks one steady-state step.
 
     tensor_mode: entered once the meshes exist (FakeTensorMode for the estimate: DeviceMesh
-    needs real rank tensors); compile_backend: torch.compile's backend where the config compiles
-    (the estimator's `compiled.FakeInductor`).
+    needs real rank tensors).
     """
     reset_dtensor_rng()
     layout = build_layout(config, world_size, device.type)
     pd = layout.parallel_dims
-    if grouped_mm is not None:
-        layout.model_args = dataclasses.replace(layout.model_args, moe_grouped_mm=grouped_mm)
     with tensor_mode or nullcontext():
-        run = build_run(config, layout, device, optimizer_device_type, compile_backend)
+        run = build_run(config, layout, device, options)
         model = run.model
         create_optimizer_state(model, run.optimizer)
         batches = synthetic_batches(

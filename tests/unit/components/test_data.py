@@ -12,6 +12,7 @@ import torch
 from torchtitan_ablate.components.data import build_dataloader
 from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError, load_config
+from torchtitan_ablate.config.job_config import Training
 
 ROOT = Path(__file__).resolve().parents[3]
 BYTE = build_tokenizer("byte")  # eos 256, bos 257, pad 258
@@ -24,19 +25,18 @@ def write_jsonl(path: Path, texts: list[str]) -> Path:
     return path
 
 
-def loader(path: Path | str | None, dataset: str = "text", **kw):
-    args = dict(
-        dataset=dataset,
-        dataset_path=None if path is None else str(path),
-        tokenizer=BYTE,
-        seq_len=16,
-        local_batch_size=2,
-        packing="greedy",
-        dp_rank=0,
-        dp_world_size=1,
-        seed=0,
-    )
-    return build_dataloader(**(args | kw))
+def loader(
+    path: Path | str | None,
+    dataset: str = "text",
+    tokenizer=BYTE,
+    dp_rank: int = 0,
+    dp_world_size: int = 1,
+    **training,
+):
+    """This dp rank's loader of a [training] section: `training` overrides its keys."""
+    data = dict(dataset=dataset, dataset_path=None if path is None else str(path), seq_len=16)
+    data |= dict(local_batch_size=2, packing="greedy", seed=0)
+    return build_dataloader(Training(**(data | training)), tokenizer, dp_rank, dp_world_size)
 
 
 def rows(dl, n: int) -> list[dict[str, torch.Tensor]]:

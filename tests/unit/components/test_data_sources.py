@@ -40,19 +40,19 @@ def padded_docs(dl, n: int) -> list[str]:
 def test_text_field_names_the_jsonl_key(tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps({"body": t, "text": "no"}) + "\n" for t in DOCS))
-    got = padded_docs(loader(path, packing="padding", text_field="body"), len(DOCS))
+    got = padded_docs(loader(path, packing="padding", dataset_text_field="body"), len(DOCS))
     assert got == DOCS
     with pytest.raises(ConfigError, match=r'd.jsonl:1: JSONL line has no string "content"'):
-        loader(path, text_field="content")  # checked up front, before any batch
+        loader(path, dataset_text_field="content")  # checked up front, before any batch
 
 
 def test_parquet_reads_rows_in_order_by_row_group(tmp_path: Path) -> None:
     texts = DOCS[:6] + [None] + DOCS[6:]  # a null row is an empty document: skipped
     path = write_parquet(tmp_path / "d.parquet", texts, column="content")
-    assert padded_docs(loader(path, packing="padding", text_field="content"), 12) == DOCS
+    assert padded_docs(loader(path, packing="padding", dataset_text_field="content"), 12) == DOCS
     jsonl = write_jsonl(tmp_path / "d.jsonl", DOCS)  # greedy packing: same rows as the jsonl
     want = rows(loader(jsonl), 8)
-    assert_same_rows(want, rows(loader(path, text_field="content"), 8))
+    assert_same_rows(want, rows(loader(path, dataset_text_field="content"), 8))
     write_parquet(path, texts)
     # A folder mixes formats in sorted path order (d.jsonl, then d.parquet).
     assert padded_docs(loader(tmp_path, packing="padding"), 14)[-2:] == DOCS[:2]
@@ -61,9 +61,9 @@ def test_parquet_reads_rows_in_order_by_row_group(tmp_path: Path) -> None:
 def test_parquet_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write_parquet(tmp_path / "d.parquet", DOCS)
     with pytest.raises(ConfigError, match=r"d.parquet has no column 'body' \(columns: "):
-        loader(path, text_field="body")
+        loader(path, dataset_text_field="body")
     with pytest.raises(ConfigError, match=r"column 'id' is int64, not a string column"):
-        loader(path, text_field="id")
+        loader(path, dataset_text_field="id")
     (tmp_path / "bad.parquet").write_text("not parquet")
     with pytest.raises(ConfigError, match=r"bad.parquet: not a readable parquet file"):
         loader(tmp_path / "bad.parquet")

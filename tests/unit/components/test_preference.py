@@ -14,6 +14,7 @@ from torchtitan_ablate.components.data.preference import PairRenderer
 from torchtitan_ablate.components.data.sft import ChatRenderer
 from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError
+from torchtitan_ablate.config.job_config import Training
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKENIZER = str(ROOT / "assets/tokenizer/debug.tiktoken")
@@ -36,10 +37,11 @@ def tok():
 
 
 def loader(tok, path: str, packing: str = "greedy", seq_len: int = 128, **kw):
-    return build_dataloader(
-        dataset="preference", dataset_path=path, tokenizer=tok, seq_len=seq_len,
-        local_batch_size=2, packing=packing, dp_rank=0, dp_world_size=1, seed=0, **kw,
+    data = Training(
+        dataset="preference", dataset_path=path, seq_len=seq_len, local_batch_size=2,
+        packing=packing, seed=0,
     )  # fmt: skip
+    return build_dataloader(data, tok, 0, 1, **kw)
 
 
 def scored(tokens: list[int], mask: list[bool]) -> list[int]:

@@ -11,6 +11,7 @@ from torchtitan_ablate.components.data import IGNORE_INDEX, build_dataloader
 from torchtitan_ablate.components.data.sft import ChatRenderer, special_token_id
 from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError, load_config
+from torchtitan_ablate.config.job_config import Training
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKENIZER = str(ROOT / "assets/tokenizer/debug.tiktoken")
@@ -30,11 +31,11 @@ def tok():
 
 
 def loader(tok, packing: str, seq_len: int = 96, batch: int = 2, path: str = CHAT, **kw):
-    return build_dataloader(
-        dataset="chat", dataset_path=path, tokenizer=tok, seq_len=seq_len,
-        local_batch_size=batch, packing=packing, dp_rank=kw.get("dp_rank", 0),
-        dp_world_size=kw.get("dp", 1), seed=0,
+    data = Training(
+        dataset="chat", dataset_path=path, seq_len=seq_len, local_batch_size=batch,
+        packing=packing, seed=0,
     )  # fmt: skip
+    return build_dataloader(data, tok, kw.get("dp_rank", 0), kw.get("dp", 1))
 
 
 def test_render_is_qwen_chat_format_and_masks_all_but_assistant_replies(tok):

@@ -5,12 +5,13 @@ checkpoint also holds optimizer, schedule and data-loader entries; only the mode
 
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from torchtitan_ablate.models.qwen3 import Qwen3ModelArgs, Qwen3StateDictAdapter
+from torchtitan_ablate.models.registry import state_dict_adapter
 
 
 def find_run_toml(dcp_dir: Path) -> Path | None:
@@ -22,12 +23,13 @@ def find_run_toml(dcp_dir: Path) -> Path | None:
     return None
 
 
-def check_sizes(found: dict[str, tuple[int, ...]], args: Qwen3ModelArgs, dcp_dir: Path) -> None:
-    """The checkpoint holds every weight of the model sizes, in their shapes: wrong sizes
-    are named before anything is loaded or written."""
-    expected = Qwen3StateDictAdapter(args).native_shapes()
-    if args.tie_embeddings:
-        expected.pop("output.weight", None)  # tied checkpoints may store it once
+def check_sizes(found: dict[str, tuple[int, ...]], args: Any, dcp_dir: Path) -> None:
+    """The checkpoint holds every weight of the model sizes (`args`, in its family's args
+    class), in their shapes: wrong sizes are named before anything is loaded or written."""
+    adapter = state_dict_adapter(args)
+    expected = adapter.native_shapes()
+    for alias in adapter.tied_keys():
+        expected.pop(alias, None)  # tied checkpoints may store it once
     missing = [k for k in expected if k not in found]
     wrong = [k for k in expected if k in found and tuple(found[k]) != tuple(expected[k])]
     if missing or wrong:
@@ -47,8 +49,9 @@ def check_sizes(found: dict[str, tuple[int, ...]], args: Qwen3ModelArgs, dcp_dir
 LORA_ADAPTER_KEY = re.compile(r"\.lora_[ab](_w[123])?$")  # linear: .lora_a; experts: .lora_a_w1
 
 
-def read_dcp_model(dcp_dir: Path, args: Qwen3ModelArgs) -> dict[str, torch.Tensor]:
-    """The model entries (base weights and LoRA adapters) of a DCP checkpoint, as full tensors."""
+def read_dcp_model(dcp_dir: Path, args: Any) -> dict[str, torch.Tensor]:
+    """The model entries (base weights and LoRA adapters) of a DCP checkpoint, as full tensors;
+    a tied entry under its source's name only (StateDictAdapter.tied_keys)."""
     if not (dcp_dir / ".metadata").is_file():
         raise ValueError(
             f"{dcp_dir} is not a DCP checkpoint (no .metadata): give a "
@@ -64,7 +67,8 @@ def read_dcp_model(dcp_dir: Path, args: Qwen3ModelArgs) -> dict[str, torch.Tenso
         if isinstance(m, TensorStorageMetadata)
     }
     check_sizes(tensors, args, dcp_dir)
-    expected = Qwen3StateDictAdapter(args).native_shapes()
+    conversion = state_dict_adapter(args)
+    expected = conversion.native_shapes()
     state = {}
     for key, meta in metadata.state_dict_metadata.items():
         # Adapters by their own names: the optimizer's entries for them (".lora_a_w1.step")
@@ -79,8 +83,8 @@ def read_dcp_model(dcp_dir: Path, args: Qwen3ModelArgs) -> dict[str, torch.Tenso
             f"{dcp_dir} is damaged: its tensors cannot be read ({_first_error(e)}); convert "
             "another step"
         ) from None
-    if args.tie_embeddings:
-        state.pop("output.weight", None)
+    for alias in conversion.tied_keys():
+        state.pop(alias, None)
     return state
 
 

@@ -22,17 +22,17 @@ import torch
 from safetensors.torch import save_file
 
 from torchtitan_ablate.components.checkpoint.offline_weights import LORA_ADAPTER_KEY
-from torchtitan_ablate.models.qwen3.state_dict_adapter import BLOCK_KEYS, DENSE_KEYS
+from torchtitan_ablate.models.spec import StateDictAdapter
 
-_LINEAR_ADAPTER = re.compile(r"^layers\.(\d+)\.(.+)\.lora_([ab])$")
-# Our block-relative weight names -> HF's (attention.wq.weight -> self_attn.q_proj.weight): the
-# state-dict adapter's table; an adapter sits on exactly these linear layers.
-_HF_WEIGHT = {**BLOCK_KEYS, **DENSE_KEYS}
+_LINEAR_ADAPTER = re.compile(r"^(layers\.\d+\..+)\.lora_([ab])$")
 
 
-def peft_state_dict(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
+def peft_state_dict(
+    state: dict[str, torch.Tensor], adapter: StateDictAdapter
+) -> tuple[dict[str, torch.Tensor], list[str]]:
     """Native state dict (base + adapters) -> (PEFT adapter tensors, the HF paths that carry
-    them, e.g. model.layers.0.self_attn.q_proj). ValueError for expert adapters or none."""
+    them, e.g. model.layers.0.self_attn.q_proj: the state-dict adapter's name of the adapted
+    weight). ValueError for expert adapters or none."""
     adapters = [k for k in state if LORA_ADAPTER_KEY.search(k)]
     experts = [k for k in adapters if not _LINEAR_ADAPTER.match(k)]
     if experts:
@@ -45,8 +45,8 @@ def peft_state_dict(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Ten
         raise ValueError("--peft: the checkpoint holds no LoRA adapters (lora.enable was off)")
     tensors, modules = {}, set()
     for key in sorted(adapters):
-        layer, module, ab = _LINEAR_ADAPTER.match(key).groups()
-        path = f"model.layers.{layer}.{_HF_WEIGHT[f'{module}.weight'].removesuffix('.weight')}"
+        module, ab = _LINEAR_ADAPTER.match(key).groups()
+        path = adapter.hf_key(f"{module}.weight").removesuffix(".weight")
         # PeftModel.base_model (LoraModel) .model (ForCausalLM) .model (Qwen3Model)
         tensors[f"base_model.model.{path}.lora_{ab.upper()}.weight"] = state[key]
         modules.add(path)
@@ -76,6 +76,7 @@ def peft_config(
 def save_peft_adapters(
     state: dict[str, torch.Tensor],
     out_dir: Path,
+    adapter: StateDictAdapter,
     *,
     alpha: float,
     dropout: float,
@@ -84,7 +85,7 @@ def save_peft_adapters(
     dtype: torch.dtype | None = None,
 ) -> list[str]:
     """Writes adapter_config.json + adapter_model.safetensors into out_dir; returns the names."""
-    tensors, modules = peft_state_dict(state)
+    tensors, modules = peft_state_dict(state, adapter)
     ranks = {t.shape[0] for k, t in tensors.items() if ".lora_A." in k}
     assert len(ranks) == 1, f"adapters of several ranks {sorted(ranks)}"
     # PEFT matches target_modules as name suffixes. On an MoE model "gate_proj" would also hit

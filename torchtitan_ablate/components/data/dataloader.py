@@ -31,6 +31,7 @@ from torchtitan_ablate.components.data.packing import PACKING_MODES, PackedDatas
 from torchtitan_ablate.components.data.preference import PreferenceDataset, PreferencePairs
 from torchtitan_ablate.components.data.sft import SFT_PACKING_MODES, ChatDocuments, SFTDataset
 from torchtitan_ablate.components.text.tokenizer import Tokenizer
+from torchtitan_ablate.config.job_config import Training
 
 DATASETS = ("synthetic", "text", "chat", "preference")
 
@@ -38,30 +39,21 @@ logger = logging.getLogger("torchtitan_ablate")
 
 
 def build_dataloader(
-    *,
-    dataset: str,
-    dataset_path: str | list[str] | None,
+    data: Training,
     tokenizer: Tokenizer,
-    seq_len: int,
-    local_batch_size: int,
-    packing: str,
     dp_rank: int,
     dp_world_size: int,
-    seed: int,
-    num_workers: int = 0,
+    *,
     pin_memory: bool = False,
-    data_sharding: str = "documents",
-    text_field: str = "text",
-    shuffle_buffer: int = 0,
-    dataset_weights: list[float] | None = None,
     max_bad_rows: int = 0,
-    synthetic_doc_len: int = 0,
 ) -> StatefulDataLoader:
-    """Build this dp rank's infinite loader. dataset_path: a .txt/.jsonl/.parquet file or folder,
-    or (text) a list of them mixed by dataset_weights (empty: equal); chat: .jsonl conversations,
-    see sft.py; preference: .jsonl pairs for DPO, see preference.py (max_bad_rows: rows skipped
-    before the first bad row is an error). shuffle_buffer: documents in the shuffle buffer (0 =
-    read in order). synthetic_doc_len: tokens per synthetic document with its EOS (0: random)."""
+    """This dp rank's infinite loader of the data that `data` (the [training] section, or a copy
+    with validation's path and batch) describes: its dataset, dataset_path, dataset_weights,
+    dataset_text_field, shuffle_buffer, packing, data_sharding, seq_len, local_batch_size,
+    seed, synthetic_doc_len and num_workers. Chat files: sft.py; preference pairs for DPO:
+    preference.py (max_bad_rows: rows skipped before the first bad row is an error, dpo's)."""
+    dataset, dataset_path, packing = data.dataset, data.dataset_path, data.packing
+    seq_len, local_batch_size, seed = data.seq_len, data.local_batch_size, data.seed
     # The user-facing rules on these values live in config/rules.py (load_config).
     modes = SFT_PACKING_MODES if dataset in ("chat", "preference") else PACKING_MODES
     assert dataset in DATASETS and packing in modes, (dataset, packing)
@@ -69,7 +61,7 @@ def build_dataloader(
         raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_world_size={dp_world_size})")
     if seq_len < 1 or local_batch_size < 1:
         raise ValueError(f"seq_len={seq_len} and local_batch_size={local_batch_size} must be >= 1")
-    assert dataset in ("text", "synthetic") or data_sharding == "documents", data_sharding
+    assert dataset in ("text", "synthetic") or data.data_sharding == "documents", data
     assert dataset == "text" or not isinstance(dataset_path, list), dataset_path
     source: Source
     if dataset == "chat":  # SFT: assistant-only labels, conversations kept whole
@@ -83,14 +75,14 @@ def build_dataloader(
         _check_up_front(pairs)
         source = pairs
     elif dataset == "synthetic":
-        source = SyntheticDocuments(tokenizer.vocab_size, seq_len, seed, synthetic_doc_len)
+        source = SyntheticDocuments(tokenizer.vocab_size, seq_len, seed, data.synthetic_doc_len)
     elif isinstance(dataset_path, list):
-        parts = [_text_source(p, tokenizer, text_field) for p in dataset_path]
-        source = MixedDocuments(parts, dataset_weights or [1.0] * len(parts), seed)
+        parts = [_text_source(p, tokenizer, data.dataset_text_field) for p in dataset_path]
+        source = MixedDocuments(parts, data.dataset_weights or [1.0] * len(parts), seed)
     else:
-        source = _text_source(dataset_path, tokenizer, text_field)
-    if shuffle_buffer > 0:
-        source = ShuffledDocuments(source, shuffle_buffer, seed)
+        source = _text_source(dataset_path, tokenizer, data.dataset_text_field)
+    if data.shuffle_buffer > 0:
+        source = ShuffledDocuments(source, data.shuffle_buffer, seed)
     if dataset == "chat":
         rows = SFTDataset(source, seq_len, packing, tokenizer.pad_id, dp_rank, dp_world_size)
     elif dataset == "preference":
@@ -104,7 +96,7 @@ def build_dataloader(
             pad_id=tokenizer.pad_id,
             dp_rank=dp_rank,
             dp_world_size=dp_world_size,
-            sharding=data_sharding,
+            sharding=data.data_sharding,
             local_batch_size=local_batch_size,
         )
     # An own generator: iter() would otherwise draw a seed from the global RNG, shifting every
@@ -116,10 +108,10 @@ def build_dataloader(
         return StatefulDataLoader(
             rows,
             batch_size=local_batch_size,
-            num_workers=num_workers,
+            num_workers=data.num_workers,
             pin_memory=pin_memory,
             generator=generator,
-            worker_init_fn=_leave_sigterm_to_the_trainer if num_workers > 0 else None,
+            worker_init_fn=_leave_sigterm_to_the_trainer if data.num_workers > 0 else None,
         )
 
 

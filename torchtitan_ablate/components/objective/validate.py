@@ -7,6 +7,7 @@ global valid-token count, as in training, so it is the same under any parallel l
 same global rows.
 """
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -47,21 +48,24 @@ class Validator:
         self.parallel_dims = parallel_dims
         self.device = device
         batch = config.local_batch_size
+        # Held-out data of the training data's kind and packing, from validation's path: read in
+        # file order, in one process, on a seed of its own (a synthetic stream then differs).
+        held_out = dataclasses.replace(
+            training,
+            dataset_path=config.dataset_path,
+            dataset_weights=[],
+            local_batch_size=batch if batch != -1 else training.local_batch_size,
+            seed=training.seed + SYNTHETIC_SEED_OFFSET,
+            shuffle_buffer=0,
+            num_workers=0,
+        )
         with _naming_validation_data():
             self.loader = build_dataloader(
-                dataset=training.dataset,
-                dataset_path=config.dataset_path,
-                tokenizer=tokenizer,
-                seq_len=training.seq_len,
-                local_batch_size=batch if batch != -1 else training.local_batch_size,
-                packing=training.packing,
-                dp_rank=parallel_dims.dp_rank(),
-                dp_world_size=parallel_dims.dp,
-                seed=training.seed + SYNTHETIC_SEED_OFFSET,
+                held_out,
+                tokenizer,
+                parallel_dims.dp_rank(),
+                parallel_dims.dp,
                 pin_memory=device.type == "cuda",
-                data_sharding=training.data_sharding,
-                text_field=training.dataset_text_field,  # held-out data of the same kind
-                synthetic_doc_len=training.synthetic_doc_len,
             )
             self.start = self.loader.state_dict()
         for _ in self._micro_batches():  # bad held-out data fails now, not steps into the run

@@ -21,6 +21,7 @@ import torch.nn as nn
 from torchtitan_ablate.components.compile import INDUCTOR, CompileBackend, apply_compile
 from torchtitan_ablate.components.quantization.float8 import apply_float8
 from torchtitan_ablate.config import ConfigError
+from torchtitan_ablate.config.derived import compiles
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.distributed.activation_checkpoint import apply_ac
 from torchtitan_ablate.distributed.context_parallel import apply_cp
@@ -119,7 +120,7 @@ def parallelize_qwen3(
         option = f" ({ac.selective_ac_option})" if ac.mode == "selective" else ""
         logger.info(f"activation checkpointing: {ac.mode}{option}")
 
-    if job_config.compile.enable and "model" in job_config.compile.components:
+    if compiles(job_config.compile, "model"):
         # MoE blocks read token counts on the host in the CPU expert loop: allow graph breaks.
         apply_compile(model, fullgraph=not model.args.num_experts, backend=compile_backend)
         logger.info("torch.compile per transformer block")

@@ -5,35 +5,11 @@ the ablation dry run all reach it through `build.check_layout`.
 """
 
 import dataclasses
-import json
-import os
-from pathlib import Path
-from typing import Any
 
 from torchtitan_ablate.config import ConfigError
 from torchtitan_ablate.config.job_config import Model as ModelConfig
+from torchtitan_ablate.models.hf_config import read_hf_config
 from torchtitan_ablate.models.qwen3.args import Qwen3ModelArgs, qwen3_flavors
-
-
-def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
-    """The config.json of an HF folder (or of a DCP folder written by convert_checkpoint)."""
-    config = Path(path) / "config.json"
-    if not Path(path).is_dir():
-        raise ValueError(f"{path}: no such folder (expected one holding config.json)")
-    if not config.is_file():
-        raise ValueError(f"{path} holds no config.json (needed for HF weights / flavor 'auto')")
-    try:
-        data = json.loads(config.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{config} is not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{config} holds a JSON {type(data).__name__}, not an object")
-    return data
-
-
-def hf_model_args(path: str | os.PathLike, **overrides: Any) -> Qwen3ModelArgs:
-    """Model sizes from an HF folder's config.json (model.flavor = "auto")."""
-    return Qwen3ModelArgs.from_hf_config(read_hf_config(path), **overrides)
 
 
 def build_model_args(
@@ -42,8 +18,6 @@ def build_model_args(
     """The flavor's sizes with this run's overrides applied (-1 keeps the flavor's value; the
     config loader has checked the ranges). MoE knobs on a dense flavor are an error, not ignored.
     initial_load_path: the folder whose config.json flavor "auto" reads."""
-    if model.name != "qwen3":
-        raise ConfigError(f"model.name = {model.name!r}: only 'qwen3' is built in")
     if model.flavor == "auto":
         base = _auto_flavor(initial_load_path)
     else:
@@ -92,6 +66,6 @@ def _auto_flavor(initial_load_path: str | None) -> Qwen3ModelArgs:
             "config.json: an HF checkpoint or a converted DCP one)"
         )
     try:
-        return hf_model_args(initial_load_path)
+        return Qwen3ModelArgs.from_hf_config(read_hf_config(initial_load_path))
     except (ValueError, KeyError, OSError) as e:
         raise ConfigError(f"model.flavor = 'auto': {e}") from None

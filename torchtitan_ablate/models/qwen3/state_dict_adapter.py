@@ -8,11 +8,15 @@ mlp.experts.down_proj [E, D, I]). from_hf accepts either; to_hf writes the one a
 Shape legend: E experts, I expert hidden dim, D model dim.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 
+from torchtitan_ablate.models.common.state_dict import check_keys
 from torchtitan_ablate.models.qwen3.args import Qwen3ModelArgs
+from torchtitan_ablate.models.qwen3.hf_experts import HUB_EXPERT, expert_reader
+from torchtitan_ablate.models.spec import ReadHF, Region
 
 # native suffix within a block -> HF suffix within model.layers.N.
 BLOCK_KEYS = {
@@ -30,7 +34,8 @@ DENSE_KEYS = {
     "feed_forward.w3.weight": "mlp.up_proj.weight",
     "feed_forward.w2.weight": "mlp.down_proj.weight",
 }
-HUB_EXPERT = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+# Native -> HF names of the block entries that map one to one.
+ONE_TO_ONE = {**BLOCK_KEYS, **DENSE_KEYS, "moe.router.gate.weight": "mlp.gate.weight"}
 LAYOUTS = ("hub", "fused")
 
 
@@ -100,6 +105,53 @@ class Qwen3StateDictAdapter:
                     shapes[f"{theirs}mlp.experts.{x}.{name}.weight"] = shape
         return shapes
 
+    def hf_layout(self, hf_keys: Iterable[str]) -> str:
+        """ "fused" when the experts come as gate_up_proj / down_proj stacks, else "hub"."""
+        return "fused" if any(k.endswith("mlp.experts.down_proj") for k in hf_keys) else "hub"
+
+    def hf_accepted(self, layout: str) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+        """hf_shapes, plus the lm_head that a tied checkpoint may still carry (never read)."""
+        expected, optional = self.hf_shapes(layout), set()
+        if self.args.tie_embeddings:
+            expected["lm_head.weight"] = (self.args.vocab_size, self.args.dim)
+            optional.add("lm_head.weight")
+        return expected, optional
+
+    def tied_keys(self) -> dict[str, str]:
+        return {"output.weight": "tok_embeddings.weight"} if self.args.tie_embeddings else {}
+
+    def no_hf_counterpart(self, key: str) -> bool:
+        """The expert bias of aux-loss-free balancing (HF's Qwen3-MoE has none)."""
+        return key.endswith("moe.expert_bias")
+
+    def hf_key(self, key: str) -> str:
+        """HF name of every native entry but the routed experts' stacks (KeyError for those)."""
+        top = {
+            "tok_embeddings.weight": "model.embed_tokens.weight",
+            "norm.weight": "model.norm.weight",
+            "output.weight": (
+                "model.embed_tokens.weight" if self.args.tie_embeddings else "lm_head.weight"
+            ),
+        }
+        if key in top:
+            return top[key]
+        _, n, suffix = key.split(".", 2)
+        return f"model.layers.{n}.{ONE_TO_ONE[suffix]}"
+
+    def hf_reader(self, key: str, layout: str, read: ReadHF) -> Callable[[Region], torch.Tensor]:
+        if ".moe.experts." in key:  # layers.N.moe.experts.w1: read per expert or sliced
+            _, n, _, _, w = key.split(".")
+            return expert_reader(f"model.layers.{n}.", w, self.args, layout, read)
+        hf_key = self.hf_key(key)
+        return lambda region: read(hf_key, region)
+
+    def hf_config(self, source: dict[str, Any] | None = None) -> dict[str, Any]:
+        """`source` with our keys on top (Qwen3ForCausalLM or Qwen3MoeForCausalLM)."""
+        config = dict(source or {})
+        config.pop("num_local_experts", None)  # ours says num_experts (the hub spelling)
+        config.update(self.args.to_hf_config())
+        return config
+
     # ---- conversion ----------------------------------------------------------------------------
 
     def to_hf(
@@ -134,13 +186,9 @@ class Qwen3StateDictAdapter:
 
     def from_hf(self, hf_sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """HF (hub or fused expert layout) -> native, ready for load_state_dict(strict=True)."""
-        layout = "fused" if any(k.endswith("mlp.experts.down_proj") for k in hf_sd) else "hub"
+        layout = self.hf_layout(hf_sd)
         a = self.args
-        expected = self.hf_shapes(layout)
-        optional = set()
-        if a.tie_embeddings:  # a tied checkpoint may still carry lm_head; it is ignored
-            expected["lm_head.weight"] = (a.vocab_size, a.dim)
-            optional.add("lm_head.weight")
+        expected, optional = self.hf_accepted(layout)
         check_keys(hf_sd, expected, optional, f"HF ({layout})")
         embed = hf_sd["model.embed_tokens.weight"]
         native = {"tok_embeddings.weight": embed, "norm.weight": hf_sd["model.norm.weight"]}
@@ -177,30 +225,3 @@ def _blocks(args: Qwen3ModelArgs) -> Iterator[tuple[str, str, dict[str, str], bo
         ours, theirs, moe = f"layers.{n}.", f"model.layers.{n}.", args.is_moe_layer(n)
         suffixes = {**BLOCK_KEYS, **({} if moe else DENSE_KEYS)}
         yield ours, theirs, {ours + k: theirs + v for k, v in suffixes.items()}, moe
-
-
-def check_keys(
-    sd: dict[str, torch.Tensor],
-    expected: dict[str, tuple[int, ...]],
-    optional: set[str],
-    what: str,
-) -> None:
-    """ValueError naming every missing/unexpected key and shape mismatch (first 20 of each)."""
-    missing = sorted(set(expected) - set(sd) - optional)
-    unexpected = sorted(set(sd) - set(expected))
-    mismatched = sorted(
-        f"{k}: got {tuple(sd[k].shape)}, expected {expected[k]}"
-        for k in set(sd) & set(expected)
-        if tuple(sd[k].shape) != tuple(expected[k])
-    )
-    problems = []
-    for label, items in (
-        ("missing keys", missing),
-        ("unexpected keys", unexpected),
-        ("shape mismatches", mismatched),
-    ):
-        if items:
-            more = f" (+{len(items) - 20} more)" if len(items) > 20 else ""
-            problems.append(f"{label}: {items[:20]}{more}")
-    if problems:
-        raise ValueError(f"{what} state dict does not match the model args: " + "; ".join(problems))
