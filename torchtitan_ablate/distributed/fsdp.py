@@ -21,7 +21,17 @@ from torch.distributed.fsdp import (
 # FSDP2's pluggable-collective interfaces (torch >= 2.9; not re-exported publicly).
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
+from torchtitan_ablate.config.job_config import Training
+
 logger = logging.getLogger("torchtitan_ablate")
+
+
+def param_dtype(training: Training, device_type: str) -> torch.dtype:
+    """bf16 compute on GPU by default; CPU stays fp32 unless asked, for exact comparisons."""
+    t = training
+    if t.mixed_precision_param == "bfloat16" and (device_type == "cuda" or t.cpu_mixed_precision):
+        return torch.bfloat16
+    return torch.float32
 
 
 def reshard_policy(mode: str, is_last_block: bool) -> bool:

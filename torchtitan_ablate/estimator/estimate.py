@@ -21,6 +21,7 @@ import torch
 
 from torchtitan_ablate.build import BuildOptions
 from torchtitan_ablate.config import ConfigError, JobConfig
+from torchtitan_ablate.distributed.fsdp import param_dtype
 from torchtitan_ablate.estimator import cuda_model, kernel_loss
 from torchtitan_ablate.estimator.compiled import FakeInductor, describe_program
 from torchtitan_ablate.estimator.fake_env import fake_tensors, fake_world, resolve_world_size
@@ -28,7 +29,6 @@ from torchtitan_ablate.estimator.routing import forced_routing
 from torchtitan_ablate.estimator.step import tracked_step
 from torchtitan_ablate.estimator.tracker import CATEGORIES
 from torchtitan_ablate.models.common.attention import resolve_backend
-from torchtitan_ablate.models.qwen3.parallelize import param_dtype
 
 logger = logging.getLogger("torchtitan_ablate")
 GIB = 1024**3
@@ -91,7 +91,7 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
         optimizer_device_type=target,
         compile_backend=backend,
         # CUDA picks grouped GEMM for bf16 experts (prepare_config gives CPU CUDA's dtypes).
-        moe_grouped_mm=param_dtype(cfg, "cpu") == torch.bfloat16 if cuda else None,
+        moe_grouped_mm=param_dtype(cfg.training, "cpu") == torch.bfloat16 if cuda else None,
     )
     with ExitStack() as stack:
         stack.enter_context(fake_world(world_size))

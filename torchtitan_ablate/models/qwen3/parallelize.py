@@ -27,19 +27,16 @@ from torchtitan_ablate.distributed.activation_checkpoint import apply_ac
 from torchtitan_ablate.distributed.context_parallel import apply_cp
 from torchtitan_ablate.distributed.ep_token_dispatch import TokenDispatch
 from torchtitan_ablate.distributed.expert_parallel import RowDispatch, apply_ep
-from torchtitan_ablate.distributed.fsdp import AccumulationPlan, apply_fsdp, describe_layout
+from torchtitan_ablate.distributed.fsdp import (
+    AccumulationPlan,
+    apply_fsdp,
+    describe_layout,
+    param_dtype,
+)
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.models.common.lora import apply_lora
 
 logger = logging.getLogger("torchtitan_ablate")
-
-
-def param_dtype(job_config: JobConfig, device_type: str) -> torch.dtype:
-    """bf16 compute on GPU by default; CPU stays fp32 unless asked, for exact comparisons."""
-    t = job_config.training
-    if t.mixed_precision_param == "bfloat16" and (device_type == "cuda" or t.cpu_mixed_precision):
-        return torch.bfloat16
-    return torch.float32
 
 
 def check_fsdp_knobs(job_config: JobConfig, device_type: str, use_fsdp: bool) -> None:
@@ -93,7 +90,7 @@ def parallelize_qwen3(
     compile_backend: torch.compile's backend for the blocks (the memory estimator's models
     Inductor on fake tensors)."""
     pd = parallel_dims
-    dtype = param_dtype(job_config, device_type)
+    dtype = param_dtype(job_config.training, device_type)
     # FSDP2 also on one GPU: its MixedPrecisionPolicy gives bf16 compute over fp32 weights.
     use_fsdp = pd.dp > 1 or pd.cp > 1 or dtype != torch.float32
     check_fsdp_knobs(job_config, device_type, use_fsdp)
