@@ -3,7 +3,7 @@
 The fake process group (`FakeStore`, backend "fake") lets one process act as rank 0 of N: every
 collective returns at once with correctly shaped outputs. FakeTensorMode makes every tensor
 metadata only (shape, dtype, strides, storage size), so a 32B model costs no memory. A fake
-*cuda* device aborts a CPU-only torch at the first autograd op (it looks for a CUDA runtime), so the device is cpu
+*cuda* device aborts a CPU-only torch at its first autograd op, so the device is cpu
 and `cuda_model.py` accounts for what CUDA does differently.
 """
 
