@@ -141,6 +141,7 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
         "notes": notes,
         "program": describe_program(cfg, backend),
         "n_params": result.n_params,
+        "moe": moe,
         "seconds": time.perf_counter() - start,
     }
 
