@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from tests.dist_utils import run_distributed
+from tests.helpers.distributed import run_distributed
 from torchtitan_ablate.distributed.ep_token_dispatch import TokenDispatchExperts
 from torchtitan_ablate.distributed.expert_parallel import _rank_in_expert_order, apply_ep
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
