@@ -102,7 +102,7 @@ def _root(node: ast.expr) -> str | None:
 def test_estimator_replaces_no_function_or_attribute_at_run_time():
     # The estimator reaches the code through seams (compile_backend, read_counts_with,
     # dense_kernel_with), never by assigning to another module's (or class's) attributes.
-    package = pathlib.Path(__file__).parents[3] / "torchtitan_ablate" / "memory"
+    package = pathlib.Path(__file__).parents[3] / "torchtitan_ablate" / "estimator"
     found = []
     for path in sorted(package.glob("*.py")):
         tree = ast.parse(path.read_text())
