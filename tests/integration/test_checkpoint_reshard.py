@@ -3,8 +3,8 @@ the same next-step losses as continuing on 4 (DCP reshards on load)."""
 
 import pytest
 
-from tests.dist_utils import run_distributed
-from tests.integration.parallel_harness import train_layout
+from tests.helpers.distributed import run_distributed
+from tests.helpers.parallel_harness import train_layout
 
 pytestmark = pytest.mark.slow
 

@@ -1,8 +1,8 @@
 """training.data_sharding end to end: with "rows", 2 gloo ranks train on exactly the global
 batches of the 1-process run (same losses); with "documents" they read other rows."""
 
-from tests.dist_utils import run_distributed
-from tests.integration.parallel_harness import build_trainer
+from tests.helpers.distributed import run_distributed
+from tests.helpers.parallel_harness import build_trainer
 
 
 def _losses(dump_folder: str, args: list[str]) -> list[float]:

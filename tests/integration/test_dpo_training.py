@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.dist_utils import run_distributed
-from tests.integration import parallel_harness as harness
-from tests.unit.components.test_hf_checkpoint import make_hf
+from tests.helpers import parallel_harness as harness
+from tests.helpers.distributed import run_distributed
+from tests.helpers.hf_model import make_hf
 from torchtitan_ablate import train
 from torchtitan_ablate.config import load_config
 from torchtitan_ablate.estimator import estimate

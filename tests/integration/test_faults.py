@@ -14,7 +14,7 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.distributed.checkpoint.filesystem as dcp_fs
 
-from tests.dist_utils import captured_log, run_distributed
+from tests.helpers.distributed import captured_log, run_distributed
 from torchtitan_ablate import train
 from torchtitan_ablate.config import run_main
 

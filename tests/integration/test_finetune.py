@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.dist_utils import run_distributed
-from tests.integration import parallel_harness as harness
-from tests.unit.components.test_hf_checkpoint import make_hf
+from tests.helpers import parallel_harness as harness
+from tests.helpers.distributed import run_distributed
+from tests.helpers.hf_model import make_hf
 from torchtitan_ablate import build, train
 from torchtitan_ablate.components.data.packing import IGNORE_INDEX
 from torchtitan_ablate.components.data.sft import ChatRenderer

@@ -12,8 +12,8 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
 
-from tests.dist_utils import run_distributed
-from tests.integration.parallel_harness import assert_same_training, build_trainer
+from tests.helpers.distributed import run_distributed
+from tests.helpers.parallel_harness import assert_same_training, build_trainer
 from torchtitan_ablate.distributed.fsdp import OneRankReduceScatter
 from torchtitan_ablate.models.qwen3 import qwen3_flavors
 

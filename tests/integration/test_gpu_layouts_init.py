@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from tests.dist_utils import run_distributed
-from tests.integration import parallel_harness as harness
+from tests.helpers import parallel_harness as harness
+from tests.helpers.distributed import run_distributed
 from torchtitan_ablate import build
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]

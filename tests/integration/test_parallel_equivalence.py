@@ -6,8 +6,8 @@ import tempfile
 
 import pytest
 
-from tests.dist_utils import run_distributed
-from tests.integration.parallel_harness import assert_same_training, train_layout
+from tests.helpers.distributed import run_distributed
+from tests.helpers.parallel_harness import assert_same_training, train_layout
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from tests.dist_utils import captured_log, run_distributed
+from tests.helpers.distributed import captured_log, run_distributed
 from torchtitan_ablate import train
 from torchtitan_ablate.ablate.plan import plan_layout
 from torchtitan_ablate.components.checkpoint.offline_weights import read_dcp_model

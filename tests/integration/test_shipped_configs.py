@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from tests.dist_utils import run_distributed
+from tests.helpers.distributed import run_distributed
 from torchtitan_ablate import train
 from torchtitan_ablate.config import load_config
 

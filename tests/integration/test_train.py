@@ -6,19 +6,9 @@ import signal
 
 import pytest
 
+from tests.helpers.training import run
 from torchtitan_ablate import train
 from torchtitan_ablate.config import load_config
-
-SMALL = ["--training.seq_len", "64", "--training.local_batch_size", "4", "--metrics.log_freq", "1"]
-
-
-def run(tmp_path, *args: str) -> list[dict]:
-    config = load_config(
-        ["--job.config_file", "train_configs/debug_model.toml", "--job.dump_folder", str(tmp_path)]
-        + SMALL
-        + list(args)
-    )
-    return train.main(config)
 
 
 @pytest.mark.parametrize("flavor", ["debugmodel", "debugmodel_moe"])

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.checkpoint_damage import poison_saved_tensor
-from tests.dist_utils import run_distributed
+from tests.helpers.checkpoint_damage import poison_saved_tensor
+from tests.helpers.distributed import run_distributed
 from torchtitan_ablate import train
 from torchtitan_ablate.components.objective.finite import NonFiniteError
 from torchtitan_ablate.components.optim.lr_scheduler import lr_factor

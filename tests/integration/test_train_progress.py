@@ -6,7 +6,7 @@ import logging
 import sys
 import types
 
-from tests.integration.test_train import run
+from tests.helpers.training import run
 
 
 def test_tokens_seen_exact_across_resume_and_console_progress(tmp_path, caplog):

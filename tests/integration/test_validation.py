@@ -5,8 +5,8 @@ under data, context and expert parallel layouts of the same global rows."""
 import torch
 import torch.distributed as dist
 
-from tests.dist_utils import run_distributed
-from tests.integration.parallel_harness import build_trainer
+from tests.helpers.distributed import run_distributed
+from tests.helpers.parallel_harness import build_trainer
 from torchtitan_ablate.components.data import build_dataloader
 from torchtitan_ablate.components.objective.loss import cross_entropy_sum, num_valid_tokens
 from torchtitan_ablate.config import ConfigError

@@ -91,7 +91,7 @@ def test_tools_never_import_the_trainer():
     """They build through build.py; the trainer only adds what training alone needs."""
     graph = import_graph()
     trainer = f"{PACKAGE}.train"
-    tools = (f"{PACKAGE}.memory", f"{PACKAGE}.ablate", f"{PACKAGE}.build", f"{PACKAGE}.step")
+    tools = (f"{PACKAGE}.estimator", f"{PACKAGE}.ablate", f"{PACKAGE}.build", f"{PACKAGE}.step")
     for name, edges in graph.items():
         if name.startswith(tools):
             assert trainer not in edges, f"{name} imports the trainer"

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.dist_utils import run_distributed
+from tests.helpers.distributed import run_distributed
 from torchtitan_ablate.components.compile import apply_compile
 from torchtitan_ablate.components.objective.loss import (
     IGNORE_INDEX,

@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from tests.dist_utils import run_distributed
+from tests.helpers.distributed import run_distributed
 from torchtitan_ablate.distributed.ep_token_dispatch import TokenDispatch
 from torchtitan_ablate.distributed.expert_parallel import RowDispatch, apply_ep
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.dist_utils import run_distributed
+from tests.helpers.distributed import run_distributed
 from torchtitan_ablate import train
 from torchtitan_ablate.build import check_layout
 from torchtitan_ablate.config import ConfigError, load_config, run_main

@@ -4,7 +4,7 @@ import importlib.util
 
 import pytest
 
-from tests.unit.components.test_tokenizer import make_hf_tokenizer_json
+from tests.helpers.hf_tokenizer import make_hf_tokenizer_json
 
 SPEC = importlib.util.spec_from_file_location("convert_tokenizer", "scripts/convert_tokenizer.py")
 convert_tokenizer = importlib.util.module_from_spec(SPEC)

@@ -11,8 +11,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
-from tests.dist_utils import run_distributed
-from tests.unit.components.test_hf_checkpoint import make_hf
+from tests.helpers.distributed import run_distributed
+from tests.helpers.hf_model import make_hf
 from torchtitan_ablate import train
 from torchtitan_ablate.config import load_config
 from torchtitan_ablate.models.qwen3 import Qwen3StateDictAdapter, qwen3_flavors

@@ -6,23 +6,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.loader_checks import assert_resumes_exactly
+from tests.helpers.data import CONV, assert_resumes_exactly
 from torchtitan_ablate.components.data import IGNORE_INDEX, build_dataloader
 from torchtitan_ablate.components.data.sft import ChatRenderer, special_token_id
 from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError, load_config
 from torchtitan_ablate.config.job_config import Training
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 TOKENIZER = str(ROOT / "assets/tokenizer/debug.tiktoken")
 CHAT = str(ROOT / "assets/sft/debug_chat.jsonl")
-CONV = [
-    {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": "What is 2 plus 2?"},
-    {"role": "assistant", "content": "It is 4."},
-    {"role": "user", "content": "And 3 plus 3?"},
-    {"role": "assistant", "content": "It is 6."},
-]
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,9 @@ import sys
 
 import pytest
 
+from tests.helpers.estimator_checks import assert_estimate_matches_ranks
 from torchtitan_ablate.config import ConfigError, load_config
 from torchtitan_ablate.estimator import estimate, estimate_main
-
-from .checks import assert_estimate_matches_ranks
 
 SMALL = ["--training.seq_len", "64", "--training.local_batch_size", "2"]
 DENSE = ["--job.config_file", "train_configs/debug_model.toml", *SMALL]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.components.test_data import (
+from tests.helpers.data import (
     DOCS,
     assert_same_rows,
     documents_in,

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 # Imported once by the fork server (before its first fork), so ranks start without importing.
-PRELOAD = ["torch", "torch.distributed", "torchtitan_ablate.train", "tests.dist_utils"]
+PRELOAD = ["torch", "torch.distributed", "torchtitan_ablate.train", "tests.helpers.distributed"]
 
 
 class RemoteTraceback(Exception):

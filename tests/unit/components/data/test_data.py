@@ -1,6 +1,5 @@
 """Data pipeline: packing layout, dp sharding, exact resume, text formats, clear errors."""
 
-import itertools
 import json
 import subprocess
 import sys
@@ -9,51 +8,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchtitan_ablate.components.data import build_dataloader
+from tests.helpers.data import (
+    BYTE,
+    DOCS,
+    EOS,
+    PAD,
+    assert_same_rows,
+    documents_in,
+    loader,
+    rows,
+    take,
+    write_jsonl,
+)
 from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError, load_config
-from torchtitan_ablate.config.job_config import Training
 
-ROOT = Path(__file__).resolve().parents[3]
-BYTE = build_tokenizer("byte")  # eos 256, bos 257, pad 258
-EOS, PAD = BYTE.eos_id, BYTE.pad_id
-DOCS = [f"doc{i}:" + "x" * (i % 7) for i in range(12)]  # distinct, lengths 5..12 bytes
-
-
-def write_jsonl(path: Path, texts: list[str]) -> Path:
-    path.write_text("".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(texts)))
-    return path
-
-
-def loader(
-    path: Path | str | None,
-    dataset: str = "text",
-    tokenizer=BYTE,
-    dp_rank: int = 0,
-    dp_world_size: int = 1,
-    **training,
-):
-    """This dp rank's loader of a [training] section: `training` overrides its keys."""
-    data = dict(dataset=dataset, dataset_path=None if path is None else str(path), seq_len=16)
-    data |= dict(local_batch_size=2, packing="greedy", seed=0)
-    return build_dataloader(Training(**(data | training)), tokenizer, dp_rank, dp_world_size)
-
-
-def rows(dl, n: int) -> list[dict[str, torch.Tensor]]:
-    """The first n rows (unbatched) of a loader."""
-    out = []
-    for batch in dl:
-        out += [{k: v[i] for k, v in batch.items()} for i in range(len(batch["input_ids"]))]
-        if len(out) >= n:
-            return out[:n]
-    raise AssertionError("loader ended")
-
-
-def assert_same_rows(want: list[dict], have: list[dict]) -> None:
-    """Equal length and, row by row, equal tensors under every key."""
-    for i, (w, h) in enumerate(zip(want, have, strict=True)):
-        for key in w:
-            assert torch.equal(w[key], h[key]), (i, key)
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def test_greedy_packing_layout(tmp_path: Path) -> None:
@@ -97,15 +67,6 @@ def test_txt_paragraphs_and_folders(tmp_path: Path) -> None:
     dl = loader(tmp_path, packing="padding")
     got = [BYTE.decode(r["input_ids"].tolist()) for r in rows(dl, 4)]
     assert got == ["first para\nline ", "second", "third", "first para\nline "]
-
-
-def documents_in(rows_: list[dict[str, torch.Tensor]], packing: str) -> list[str]:
-    """Decode the documents a list of rows holds (complete ones only)."""
-    if packing == "padding":
-        seqs = [r["input_ids"].tolist() for r in rows_]
-        return [BYTE.decode(s[: s.index(EOS)]) for s in seqs]
-    stream = torch.cat([r["input_ids"] for r in rows_]).tolist()  # windows overlap by one
-    return bytes(t if t != EOS else 0 for t in stream).decode().split("\0")[:-1]
 
 
 @pytest.mark.parametrize("packing", ["greedy", "padding"])
@@ -194,10 +155,6 @@ def test_synthetic_doc_len_seq_len_fills_each_row_with_one_document() -> None:
         [r["input_ids"] for r in rows(loader(None, "synthetic", synthetic_doc_len=4), 4)]
     )
     assert (ids == EOS).nonzero().flatten().tolist() == list(range(3, 64, 4))
-
-
-def take(it, n: int) -> list[dict[str, torch.Tensor]]:
-    return list(itertools.islice(it, n))
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.hf_tokenizer import TEXTS, make_hf_tokenizer_json
 from torchtitan_ablate.components.text.tokenizer import (
-    QWEN_PATTERN,
     Tokenizer,
     build_tokenizer,
     hf_tokenizer_json_to_ranks,
@@ -15,13 +15,8 @@ from torchtitan_ablate.components.text.tokenizer import (
 )
 from torchtitan_ablate.config import ConfigError
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 DEBUG_TIKTOKEN = ROOT / "assets" / "tokenizer" / "debug.tiktoken"
-TEXTS = [
-    "Hello world! The quick brown fox jumps over the lazy dog 12345.",
-    "  leading spaces,\nnew lines\n\nand unicode: cafe\u0301 \u00fcber \u4e2d\u6587 \U0001f600",
-    "",
-]
 
 
 def check_round_trip(tok: Tokenizer, texts: list[str] = TEXTS) -> None:
@@ -61,38 +56,6 @@ def test_tiktoken_ranks_save_load_and_directory(tmp_path: Path) -> None:
     assert tok.encode("ab c") == [256, 257]
     assert tok.vocab_size == 261 and tok.eos_id == 258  # <|endoftext|> right after the ranks
     assert tok.decode([tok.eos_id]) == "<|endoftext|>"
-
-
-def make_hf_tokenizer_json(
-    path: Path,
-    special_tokens: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>"),
-    texts: list[str] | None = None,
-) -> "object":
-    """A small Qwen-layout BPE tokenizer.json trained on `texts` (default: this file's)."""
-    tokenizers = pytest.importorskip("tokenizers")
-    from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
-
-    hf = tokenizers.Tokenizer(models.BPE())
-    # Qwen's layout: a regex Split, then ByteLevel without its own regex.
-    hf.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=list(special_tokens),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    if texts is None:
-        texts = TEXTS * 20 + ["the lazy dog sleeps in the sun"] * 20
-    hf.train_from_iterator(texts, trainer)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    hf.save(str(path))
-    return hf
 
 
 def test_hf_tokenizer_json_matches_hf(tmp_path: Path) -> None:

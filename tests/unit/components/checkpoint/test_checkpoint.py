@@ -20,7 +20,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from tests.dist_utils import run_distributed
+from tests.helpers.distributed import run_distributed
 from torchtitan_ablate.components.checkpoint import folder as checkpoint_folder
 from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
 from torchtitan_ablate.components.checkpoint.state import TrainState

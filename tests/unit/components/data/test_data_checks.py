@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.components.test_data import loader, rows, write_jsonl
+from tests.helpers.data import loader, rows, write_jsonl
 from torchtitan_ablate.components.data.datasets import TextDocuments
 from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from tests.dist_utils import captured_log, run_distributed
-from tests.integration.parallel_harness import assert_same_training, train_layout
+from tests.helpers.distributed import captured_log, run_distributed
+from tests.helpers.parallel_harness import assert_same_training, train_layout
 from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
 from torchtitan_ablate.components.optim.optimizer import build_optimizer, decay_classes
 from torchtitan_ablate.config import ConfigError, load_config

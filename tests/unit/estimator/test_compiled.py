@@ -8,13 +8,12 @@ import pytest
 import torch
 from torch import fx
 
+from tests.helpers.estimator_checks import assert_estimate_matches_ranks
 from torchtitan_ablate.components.objective.loss import cross_entropy_sum
 from torchtitan_ablate.config import load_config
 from torchtitan_ablate.estimator import estimate
 from torchtitan_ablate.estimator.compiled import FakeInductor, realized_nodes
 from torchtitan_ablate.estimator.tracker import MemoryTracker
-
-from .checks import assert_estimate_matches_ranks
 
 DEBUG = ["--job.config_file", "train_configs/debug_model.toml", "--training.seq_len", "64"]
 DEBUG += ["--training.local_batch_size", "2", "--memory_estimation.world_size", "2"]

@@ -94,7 +94,7 @@ def test_forward_backward_close_to_high_precision(recipe):
 
 
 def test_device_errors():
-    # The recipe rules are the loader's (tests/unit/config/test_validation.py); the device's
+    # The recipe rules are the loader's (tests/unit/config/test_config_rules.py); the device's
     # are checked here, where the device is known.
     model = nn.Linear(64, 64)
     with pytest.raises(ConfigError, match="float8.moe = true needs CUDA"):

@@ -11,8 +11,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-from tests.checkpoint_damage import poison_saved_tensor
-from tests.dist_utils import run_distributed
+from tests.helpers.checkpoint_damage import poison_saved_tensor
+from tests.helpers.distributed import run_distributed
 from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
 from torchtitan_ablate.components.objective.finite import NonFiniteError, nonfinite_step_values
 from torchtitan_ablate.config import ConfigError

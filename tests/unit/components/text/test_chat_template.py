@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.components.test_sft import CONV
-from tests.unit.components.test_tokenizer import make_hf_tokenizer_json
+from tests.helpers.data import CONV
+from tests.helpers.hf_tokenizer import make_hf_tokenizer_json
 from torchtitan_ablate.components.data.sft import ChatRenderer
 from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.loader_checks import assert_resumes_exactly
+from tests.helpers.data import assert_resumes_exactly
 from torchtitan_ablate.components.data import IGNORE_INDEX, build_dataloader
 from torchtitan_ablate.components.data.preference import PairRenderer
 from torchtitan_ablate.components.data.sft import ChatRenderer
@@ -16,7 +16,7 @@ from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import ConfigError
 from torchtitan_ablate.config.job_config import Training
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 TOKENIZER = str(ROOT / "assets/tokenizer/debug.tiktoken")
 DATA = str(ROOT / "assets/preference/debug_preference.jsonl")
 TEXT_ROW = {"prompt": "Where is Oslo?", "chosen": " In Norway.", "rejected": " In Peru."}
