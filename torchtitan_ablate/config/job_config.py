@@ -33,7 +33,7 @@ class Job:
 @dataclass
 class Model:
     name: str = "qwen3"
-    """Model family. Only qwen3 (dense and MoE) is built in."""
+    """Model family, one registered in models/registry.py (built in: qwen3, dense and MoE)."""
 
     flavor: str = "debugmodel"
     """Size preset from models/qwen3/args.py: debugmodel, debugmodel_moe, 0.6B, 1.7B, 4B, 8B,
