@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from tests.dist_utils import run_distributed
+from tests.helpers.distributed import run_distributed
 from torchtitan_ablate.distributed.ep_token_dispatch import TokenDispatch
 from torchtitan_ablate.distributed.expert_parallel import apply_ep, rank_in_expert_order
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims

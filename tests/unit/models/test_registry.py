@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from tests.dist_utils import run_distributed
-from tests.unit.models.tiny_family import TINY_SPEC, TinyArgs
+from tests.helpers.distributed import run_distributed
+from tests.helpers.tiny_family import TINY_SPEC, TinyArgs
 from torchtitan_ablate.build import build_layout, build_run, check_layout
 from torchtitan_ablate.config import ConfigError, JobConfig, load_config
 from torchtitan_ablate.distributed.context_parallel import place_micro_batch
