@@ -109,6 +109,15 @@ def acquire(folder: str, key: str = "job.dump_folder") -> DumpFolderLock:
     raise ConfigError(f"{key} = {folder!r}: other launches keep taking {path}; retry later")
 
 
+def check_free(folder: str, key: str = "job.dump_folder") -> None:
+    """`acquire`'s ConfigError when a live run holds the folder, taking nothing: a launcher
+    checks before its workers start (a stale lock is left for the run to take over)."""
+    path = os.path.join(folder, LOCK_FILE)
+    held, raw = _read(path)
+    if raw is not None and _stale(held, path) is None:
+        raise ConfigError(_held_line(folder, key, path, held))
+
+
 def claim(folder: str) -> DumpFolderLock | None:
     """`acquire` on rank 0 of the process group (None on the others): when the folder is held,
     every rank raises the same ConfigError, so all of them stop together with the one line."""
@@ -217,7 +226,7 @@ def _holder(held: dict[str, Any] | None) -> str:
     if held is None:
         return "an unknown process"
     command = str(held.get("command", "?"))
-    command = command if len(command) <= 200 else f"{command[:200]}..."
+    command = command if len(command) <= 300 else f"{command[:300]}..."
     return (
         f"pid {held['pid']} on {held.get('host', '?')}, started {held.get('started', '?')}, "
         f"command: {command}"

@@ -23,6 +23,7 @@ import io
 import os
 import pickle
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -107,14 +108,20 @@ def loads(data: bytes, where: str) -> Any:
 
 class SafeReader(FileSystemReader):
     """dcp.FileSystemReader that reads `.metadata` and the non-tensor entries through the
-    allow-lists (module doc): `dcp.load(state, storage_reader=SafeReader(path))`."""
+    allow-lists (module doc): `dcp.load(state, storage_reader=SafeReader(path))`.
+
+    `refused`: the ForeignObject it raised, if any. DCP may fold it into an error of its own
+    (torch 2.13 retries a failed metadata read with a rank's own file and reports both as an
+    AssertionError), so a caller tells a refusal from damage by this, not by DCP's error."""
+
+    refused: ForeignObject | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")  # torch 2.13: a rank's own metadata file, when one is asked
         name = METADATA if rank is None else f"__{rank}{METADATA}"
         path = os.path.join(str(self.checkpoint_id), name)
         with open(path, "rb") as f:
-            metadata = _AllowListUnpickler(f, path).load()
+            metadata = self.refusing(lambda: _AllowListUnpickler(f, path).load())
         if not isinstance(metadata, Metadata):
             raise ValueError(f"{path} holds a {type(metadata).__name__}, not DCP metadata")
         # What FileSystemReader.read_metadata adds after unpickling.
@@ -124,19 +131,29 @@ class SafeReader(FileSystemReader):
         return metadata
 
     def read_data(self, plan: Any, planner: Any) -> Any:
-        return super().read_data(plan, _CheckedBytes(planner))
+        return super().read_data(plan, _CheckedBytes(planner, self))
+
+    def refusing(self, read: Callable[[], Any]) -> Any:
+        """read(), keeping a ForeignObject it raises in `refused`."""
+        try:
+            return read()
+        except ForeignObject as e:
+            self.refused = self.refused or e
+            raise
 
 
 class _CheckedBytes:
     """The planner as read_data sees it: a non-tensor entry passes the weights-only unpickler
     before the planner gets it; everything else goes to the planner as it is."""
 
-    def __init__(self, planner: Any) -> None:
+    def __init__(self, planner: Any, reader: SafeReader) -> None:
         self._planner = planner
+        self._reader = reader
 
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        where = f"entry {read_item.dest_index.fqn!r}"
         checked = io.BytesIO()
-        torch.save(_weights_only(value, f"entry {read_item.dest_index.fqn!r}"), checked)
+        torch.save(self._reader.refusing(lambda: _weights_only(value, where)), checked)
         checked.seek(0)
         self._planner.load_bytes(read_item, checked)
 

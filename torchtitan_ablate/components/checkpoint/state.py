@@ -191,14 +191,18 @@ def dcp_load(state: dict[str, Any], path: str) -> None:
     """dcp.load from `path` in place; any failure is raised as Damaged or Mismatch."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        reader = SafeReader(path)
         try:
-            dcp.load(state, storage_reader=SafeReader(path), no_dist=not dist.is_initialized())
+            dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
         # DCP gathers every rank's failure into a CheckpointException, a BaseException, raised
         # on every rank alike.
         except (Exception, dcp.CheckpointException) as e:
             cause, where = _cause(e)
-            if isinstance(cause, ForeignObject):  # not damage: a file made to run code
-                raise ForeignObject(f"cannot load checkpoint {path}: {cause}") from None
+            # Not damage: a file made to run code (refused by this rank's reader, another
+            # rank's, or Pickled after the read).
+            refused = reader.refused or (cause if isinstance(cause, ForeignObject) else None)
+            if refused is not None:
+                raise ForeignObject(f"cannot load checkpoint {path}: {refused}") from None
             # DCP's planner reports shape and key mismatches as ValueError / KeyError; anything
             # else (a missing file, a cut-off pickle or zip) is damage to the files.
             kind = Mismatch if isinstance(cause, (ValueError, KeyError)) else Damaged
