@@ -101,12 +101,13 @@ def acquire(folder: str, key: str = "job.dump_folder") -> DumpFolderLock:
         if raw is None:  # released meanwhile
             continue
         why = _stale(held, path)
-        if why is None:
+        if why is None and held is not None:
             raise ConfigError(_held_line(folder, key, path, held))
-        if _take_over(path, raw) and why:
+        # Stale, or a record still being written: look again after a takeover or a moment.
+        if why is not None and _take_over(path, raw) and why:
             logger.warning(f"{key} = {folder!r}: took over the lock of {_holder(held)}: {why}")
         time.sleep(0.1)
-    raise ConfigError(f"{key} = {folder!r}: other launches keep taking {path}; retry later")
+    raise ConfigError(_held_line(folder, key, path, _read(path)[0]))
 
 
 def check_free(folder: str, key: str = "job.dump_folder") -> None:
