@@ -66,17 +66,15 @@ class DumpFolderLock:
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            held, _ = _read(self.path)
+            held, raw = _read(self.path)
             if held != self.record:
-                logger.error(f"{self.path} was taken over by {_holder(held)}: {_TWO_RUNS}")
+                how = "was removed" if raw is None else f"was taken over by {_holder(held)}"
+                logger.error(f"{self.path} {how}: another run may now write into this folder")
                 return
             try:
                 os.utime(self.path)
             except OSError as e:
                 logger.warning(f"cannot refresh {self.path} ({e.strerror}); retrying")
-
-
-_TWO_RUNS = "two runs may now write into this folder; stop one of them"
 
 
 def acquire(folder: str, key: str = "job.dump_folder") -> DumpFolderLock:
@@ -103,10 +101,11 @@ def acquire(folder: str, key: str = "job.dump_folder") -> DumpFolderLock:
         why = _stale(held, path)
         if why is None and held is not None:
             raise ConfigError(_held_line(folder, key, path, held))
-        # Stale, or a record still being written: look again after a takeover or a moment.
-        if why is not None and _take_over(path, raw) and why:
-            logger.warning(f"{key} = {folder!r}: took over the lock of {_holder(held)}: {why}")
-        time.sleep(0.1)
+        if why is not None and _take_over(path, raw):
+            if why:
+                logger.warning(f"{key} = {folder!r}: took over the lock of {_holder(held)}: {why}")
+            continue
+        time.sleep(0.1)  # a record still being written, or another launch taking it over
     raise ConfigError(_held_line(folder, key, path, _read(path)[0]))
 
 
