@@ -131,7 +131,9 @@ def test_the_holder_refreshes_its_heartbeat_and_notices_a_takeover(tmp_path, mon
     while path.stat().st_mtime == 0 and time.time() < deadline:
         time.sleep(0.05)
     assert path.stat().st_mtime > time.time() - 30
-    path.write_text(json.dumps({"pid": 4242, "host": "node-b", "command": "train"}))
+    other = tmp_path / "other"  # in place at once: the heartbeat never reads it half-written
+    other.write_text(json.dumps({"pid": 4242, "host": "node-b", "command": "train"}))
+    os.replace(other, path)
     with caplog.at_level(logging.ERROR):
         while "taken over" not in caplog.text and time.time() < deadline:
             time.sleep(0.05)
