@@ -13,7 +13,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.untrusted_checkpoint import CodePayload, plant_in_metadata
+from tests.helpers.untrusted_checkpoint import CodePayload, plant_in_metadata
 from torchtitan_ablate import train
 from torchtitan_ablate.config import load_config, run_main
 

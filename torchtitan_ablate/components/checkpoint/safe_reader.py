@@ -16,7 +16,7 @@ Anything else is refused with ForeignObject, a ConfigError: one line, exit code 
 
 Relied on in DCP (torch 2.11 to 2.13): FileSystemReader's `checkpoint_id` and `read_data(plan,
 planner)` handing each non-tensor entry to `planner.load_bytes`;
-tests/unit/components/test_safe_reader.py fails when a torch release changes either.
+tests/unit/components/checkpoint/test_safe_reader.py fails when a torch release changes either.
 """
 
 import io

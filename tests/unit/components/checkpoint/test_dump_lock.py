@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.dist_utils import run_distributed
+from tests.helpers.distributed import run_distributed
 from torchtitan_ablate.components.checkpoint import dump_lock
 from torchtitan_ablate.components.checkpoint.dump_lock import LOCK_FILE, acquire, check_free, claim
 from torchtitan_ablate.config import ConfigError
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 # A launch in its own process: takes the lock, says so, holds it until its stdin closes.
 HOLDER = """
 import sys

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tests.untrusted_checkpoint import CodePayload, plant_in_metadata
+from tests.helpers.untrusted_checkpoint import CodePayload, plant_in_metadata
 from torchtitan_ablate.components.checkpoint.safe_reader import ForeignObject, SafeReader, loads
 from torchtitan_ablate.components.checkpoint.state import (
     Pickled,
