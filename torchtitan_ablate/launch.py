@@ -5,8 +5,9 @@ the trainer's promises kept.
 
 What it adds to torchrun (`python -m torch.distributed.run`, whose options it takes as they are):
 - The trainer's config is loaded and checked (the layout against nproc_per_node x nnodes, the
-  dump folder writable) before any worker starts: a bad key or value is one line and exit code
-  2, as without torchrun.
+  dump folder writable and, on one node, not in use by another run) before any worker starts:
+  a bad key or value is one line and exit code 2, as without torchrun. On several nodes, the
+  workers' rank 0 finds a dump folder in use (a launcher cannot tell its own run's lock there).
 - When workers fail, each failed rank's one-line error (config/errors.py leaves it in torchrun's
   per-rank error file) reaches the terminal, also for ranks whose output --local-ranks-filter
   (LOG_RANK) hides, and torchrun's 40-line traceback is left out. The exit code is the
@@ -28,9 +29,12 @@ TRAINER = "torchtitan_ablate.train"
 LINE_PREFIXES = ("config error:", "error:")
 
 
-def check_trainer_config(train_args: list[str], world_size: int | None) -> None:
+def check_trainer_config(
+    train_args: list[str], world_size: int | None, single_node: bool = True
+) -> None:
     """The checks every worker would make first, made once here (exit code 2 on failure)."""
     from torchtitan_ablate.build import check_layout
+    from torchtitan_ablate.components.checkpoint.dump_lock import check_free
     from torchtitan_ablate.config import check_dump_folder, exit_on_config_error, load_config
 
     with exit_on_config_error():
@@ -38,6 +42,8 @@ def check_trainer_config(train_args: list[str], world_size: int | None) -> None:
         if world_size is not None and not config.memory_estimation.enable:
             check_layout(config, world_size)
         check_dump_folder(config.job.dump_folder)
+        if single_node and not config.memory_estimation.enable:
+            check_free(config.job.dump_folder)
 
 
 def _world_size(nproc_per_node: str, nnodes: str) -> int | None:
@@ -105,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.module and args.training_script == TRAINER:
         check_trainer_config(
-            args.training_script_args, _world_size(args.nproc_per_node, args.nnodes)
+            args.training_script_args,
+            _world_size(args.nproc_per_node, args.nnodes),
+            single_node=args.nnodes in ("1", "1:1"),
         )
     shown = None
     if args.local_ranks_filter:

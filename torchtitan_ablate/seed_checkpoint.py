@@ -6,7 +6,8 @@ run of this seed starts from on this device), writes them as a model-only DCP ch
   - with `checkpoint.initial_load_path = <that folder>` (DCP reshards it on load), or
   - by training in the same dump folder with `checkpoint.enable = true`: resume finds step 0,
     a model-only checkpoint, and loads its weights (as torchtitan does).
-The save is atomic as every checkpoint save is: `step-0.tmp`, renamed when complete.
+The save is atomic as every checkpoint save is: `step-0.tmp`, renamed when complete, and it
+holds the dump folder's lock (components/checkpoint/dump_lock.py) as a training run does.
 """
 
 import logging
@@ -18,6 +19,7 @@ from torch import nn
 
 from torchtitan_ablate.build import build_layout, build_model
 from torchtitan_ablate.components.checkpoint import folder as ckpt_dir
+from torchtitan_ablate.components.checkpoint.dump_lock import acquire
 from torchtitan_ablate.components.checkpoint.state import ModelWrapper, dcp_save
 from torchtitan_ablate.components.objective.finite import nonfinite_entries
 from torchtitan_ablate.config import ConfigError, JobConfig, check_dump_folder, write_config
@@ -39,12 +41,16 @@ def create_seed_checkpoint(config: JobConfig) -> str:
             "the seed checkpoint is written by one (NGPU=1, parallelism degrees 1), then every "
             "layout loads it through checkpoint.initial_load_path"
         )
-    layout = build_layout(config, world_size, device.type)
-    model, _ = build_model(config, layout.parallel_dims, layout.model_args, device)
-    write_config(config, os.path.join(config.job.dump_folder, "config.toml"))
-    path = write_seed_checkpoint(
-        model, os.path.join(config.job.dump_folder, config.checkpoint.folder)
-    )
+    lock = acquire(config.job.dump_folder)  # a training run there would recover over the save
+    try:
+        layout = build_layout(config, world_size, device.type)
+        model, _ = build_model(config, layout.parallel_dims, layout.model_args, device)
+        write_config(config, os.path.join(config.job.dump_folder, "config.toml"))
+        path = write_seed_checkpoint(
+            model, os.path.join(config.job.dump_folder, config.checkpoint.folder)
+        )
+    finally:
+        lock.release()
     logger.info(
         f"seed checkpoint (seed {config.training.seed}, {device.type}) written to {path}; start "
         f"any layout from it with --checkpoint.initial_load_path {path}"

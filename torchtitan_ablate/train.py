@@ -27,6 +27,7 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch  # noqa: E402
 
 from torchtitan_ablate.build import build_data, build_layout, build_run
+from torchtitan_ablate.components.checkpoint.dump_lock import claim
 from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
 from torchtitan_ablate.components.checkpoint.run_settings import run_settings
 from torchtitan_ablate.components.checkpoint.state import TrainState
@@ -62,6 +63,7 @@ class Trainer:
         check_dump_folder(config.job.dump_folder)  # every rank: all stop with the same line
         check_trackers(config.metrics)
         world_size = dist_utils.init_distributed(self.device, config.comm.init_timeout_seconds)
+        self.lock = claim(config.job.dump_folder)  # before anything there is read or written
         layout = build_layout(config, world_size, self.device.type)
         pd = self.parallel_dims = layout.parallel_dims
         self.model_args, self.grad_accum = layout.model_args, layout.grad_accum
@@ -236,6 +238,8 @@ class Trainer:
         self.comm_profiler.close()
         self.trace_profiler.close()
         self.metrics.close()
+        if self.lock is not None:
+            self.lock.release()
         return records
 
     def _reduce(self, out: dict, lr: float) -> dict:

@@ -11,10 +11,11 @@
 
 (`python scripts/ablate.py ...` is the same command.) Runs launch the checkout's ./run_train.sh,
 so planning and running need the package installed from a clone (pip install -e .); --report
-works anywhere. Exit code 2 for a bad ablation file, option, --set or variant, or a --report
-folder without ablation.json (one line naming it); 130 / 143 when Ctrl-C / SIGTERM stopped it
-(the runs in flight are stopped and recorded, the report covers the finished ones); 0 otherwise:
-a failed run is recorded in the report and the others go on. See docs/ablation.md.
+works anywhere. Exit code 2 for a bad ablation file, option, --set or variant, a --report
+folder without ablation.json, or an --out folder that another runner is using (one line naming
+it); 130 / 143 when Ctrl-C / SIGTERM stopped it (the runs in flight are stopped and recorded,
+the report covers the finished ones); 0 otherwise: a failed run is recorded in the report and
+the others go on. See docs/ablation.md.
 """
 
 import argparse
@@ -24,6 +25,8 @@ from pathlib import Path
 
 from torchtitan_ablate.ablate.environment import ROOT
 from torchtitan_ablate.ablate.spec import AblationError, load_spec, parse_sets
+from torchtitan_ablate.components.checkpoint.dump_lock import acquire
+from torchtitan_ablate.config import ConfigError
 
 # The checkout this package lives in (an editable install); recipes and run_train.sh are there.
 PROG = "ttablate-ablate"
@@ -143,9 +146,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     out_arg = args.out and Path(args.out).resolve()
     report_dir = args.report and Path(args.report).resolve()
     os.chdir(ROOT)
-    from torchtitan_ablate.ablate.plan import make_plan, read_plan, write_plan
+    from torchtitan_ablate.ablate.plan import make_plan, read_plan
     from torchtitan_ablate.ablate.report import write_report
-    from torchtitan_ablate.ablate.runner import Stopped, run_all
 
     try:
         if report_dir:
@@ -185,13 +187,31 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         return 2 if invalid else 0
     out = out_arg or (ROOT / "outputs" / "ablations" / spec.name)
     plan["side_by_side"] = args.side_by_side
+    out.mkdir(parents=True, exist_ok=True)
+    try:  # one runner per study: it clears each run's folder before starting the run
+        lock = acquire(str(out), "--out")
+    except ConfigError as e:
+        print(f"ablation error: {e}", file=sys.stderr)
+        return 2
     try:
-        write_plan(plan, out, args.resume, only)
+        return _run_study(plan, out, args.resume, args.timeout, only)
+    finally:
+        lock.release()
+
+
+def _run_study(plan: dict, out: Path, resume: bool, timeout: float, only: set[str] | None) -> int:
+    """Writes the plan into out, runs it and writes the report; the exit code."""
+    from torchtitan_ablate.ablate.plan import write_plan
+    from torchtitan_ablate.ablate.report import write_report
+    from torchtitan_ablate.ablate.runner import Stopped, run_all
+
+    try:
+        write_plan(plan, out, resume, only)
     except AblationError as e:  # --resume over a damaged plan: say so, never overwrite it
         print(f"ablation error: {e}; move it aside or rerun without --resume", file=sys.stderr)
         return 2
     try:
-        run_all(plan, out, args.resume, args.timeout, only)
+        run_all(plan, out, resume, timeout, only)
     except Stopped as e:
         write_report(out)
         print(

@@ -11,6 +11,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from torchtitan_ablate.components.checkpoint.safe_reader import SafeReader
 from torchtitan_ablate.models.registry import state_dict_adapter
 
 
@@ -58,7 +59,7 @@ def read_dcp_model(dcp_dir: Path, args: Any) -> dict[str, torch.Tensor]:
             "<dump_folder>/checkpoint/step-N folder or one written by --to dcp"
         )
     try:
-        metadata = dcp.FileSystemReader(str(dcp_dir)).read_metadata()
+        metadata = SafeReader(str(dcp_dir)).read_metadata()
     except Exception as e:  # a cut-off or overwritten .metadata: any unpickling error
         raise ValueError(f"{dcp_dir}/.metadata is damaged ({type(e).__name__}: {e})") from None
     tensors = {
@@ -77,7 +78,7 @@ def read_dcp_model(dcp_dir: Path, args: Any) -> dict[str, torch.Tensor]:
         if isinstance(meta, TensorStorageMetadata) and (key in expected or adapter):
             state[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
     try:
-        dcp.load(state, checkpoint_id=str(dcp_dir), no_dist=True)
+        dcp.load(state, storage_reader=SafeReader(str(dcp_dir)), no_dist=True)
     except (Exception, dcp.CheckpointException) as e:  # the latter is a BaseException
         raise ValueError(
             f"{dcp_dir} is damaged: its tensors cannot be read ({_first_error(e)}); convert "

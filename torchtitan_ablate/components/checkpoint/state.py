@@ -4,6 +4,8 @@ The Stateful wrappers give each part of the training state its DCP form (FQN-key
 optimizer, so both reshard; opaque pickles for states whose shape may change). Loading sorts
 DCP's failures into `Damaged` (files missing or unreadable) and `Mismatch` (a checkpoint of
 another model or config), so that checkpoint.py can tell the user what to do about each.
+Every pickle of a checkpoint (DCP's index, its non-tensor entries, the pickled states) is read
+through safe_reader.py's allow-lists: a file naming anything else is refused (ForeignObject).
 
 A checkpoint holds state, the config holds settings: on load the optimizer keeps this run's
 hyperparameters (lr, betas, eps, weight_decay, ...) and the LR schedule only its step, so a
@@ -32,6 +34,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.optim.lr_scheduler import LambdaLR
 
 from torchtitan_ablate.components.checkpoint.folder import METADATA
+from torchtitan_ablate.components.checkpoint.safe_reader import ForeignObject, SafeReader, loads
 from torchtitan_ablate.components.optim.lr_scheduler import set_schedule_step
 from torchtitan_ablate.config import ConfigError
 
@@ -130,7 +133,7 @@ class Pickled(Stateful):
         return {"pickle": pickle.dumps(self.obj.state_dict())}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.obj.load_state_dict(pickle.loads(state_dict["pickle"]))
+        self.obj.load_state_dict(loads(state_dict["pickle"], "a pickled state"))
 
 
 class Record:
@@ -188,12 +191,18 @@ def dcp_load(state: dict[str, Any], path: str) -> None:
     """dcp.load from `path` in place; any failure is raised as Damaged or Mismatch."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        reader = SafeReader(path)
         try:
-            dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+            dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
         # DCP gathers every rank's failure into a CheckpointException, a BaseException, raised
         # on every rank alike.
         except (Exception, dcp.CheckpointException) as e:
             cause, where = _cause(e)
+            # Not damage: a file made to run code (refused by this rank's reader, another
+            # rank's, or Pickled after the read).
+            refused = reader.refused or (cause if isinstance(cause, ForeignObject) else None)
+            if refused is not None:
+                raise ForeignObject(f"cannot load checkpoint {path}: {refused}") from None
             # DCP's planner reports shape and key mismatches as ValueError / KeyError; anything
             # else (a missing file, a cut-off pickle or zip) is damage to the files.
             kind = Mismatch if isinstance(cause, (ValueError, KeyError)) else Damaged
@@ -222,7 +231,9 @@ def saved_keys(path: str) -> set[str]:
         found = sorted(os.listdir(path))[:10] if os.path.isdir(path) else "nothing"
         raise Damaged(f"{path} is not a complete DCP checkpoint: no {METADATA} (found {found})")
     try:
-        metadata = dcp.FileSystemReader(path).read_metadata()
+        metadata = SafeReader(path).read_metadata()
+    except ForeignObject:
+        raise
     except Exception as e:
         raise Damaged(f"cannot read {path}/{METADATA}: {_one_line(e)}") from e
     return set(metadata.state_dict_metadata)
