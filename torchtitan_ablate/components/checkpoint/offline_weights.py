@@ -11,7 +11,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from torchtitan_ablate.components.checkpoint.safe_reader import SafeReader
+from torchtitan_ablate.components.checkpoint.safe_reader import ForeignObject, SafeReader
 from torchtitan_ablate.models.registry import state_dict_adapter
 
 
@@ -60,6 +60,8 @@ def read_dcp_model(dcp_dir: Path, args: Any) -> dict[str, torch.Tensor]:
         )
     try:
         metadata = SafeReader(str(dcp_dir)).read_metadata()
+    except ForeignObject:
+        raise  # its own line: the file names what a checkpoint may not hold
     except Exception as e:  # a cut-off or overwritten .metadata: any unpickling error
         raise ValueError(f"{dcp_dir}/.metadata is damaged ({type(e).__name__}: {e})") from None
     tensors = {
