@@ -49,7 +49,9 @@ def dcp_sizes(dcp_dir: Path, config: Path | None) -> tuple[Any, JobConfig | None
     if toml is not None:
         job = load_config(["--job.config_file", str(toml)])
         spec = get_spec(job.model.name)
-        args = spec.build_args(job.model, job.training.seq_len, job.checkpoint.initial_load_path)
+        args = spec.build_args(
+            job.model, job.training.seq_len, job.checkpoint.initial_load_path, False
+        )
         return args, job
     if (dcp_dir / "config.json").is_file():
         return hf_model_args(dcp_dir), None

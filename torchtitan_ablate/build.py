@@ -138,7 +138,10 @@ def check_layout(config: JobConfig, world_size: int) -> Layout:
     ablation dry run): degrees vs world size, model vs degrees, batch vs data parallel."""
     pd = build_parallel_dims(config, world_size)
     model_args = get_spec(config.model.name).build_args(
-        config.model, config.training.seq_len, config.checkpoint.initial_load_path
+        config.model,
+        config.training.seq_len,
+        config.checkpoint.initial_load_path,
+        config.debug.moe_force_load_balance,
     )
     try:
         pd.check_model(model_args.num_experts, config.training.seq_len)

@@ -152,6 +152,11 @@ class Trainer:
             f"world {world_size} "
             f"({pd}); grad accumulation {self.grad_accum}; device {self.device}"
         )
+        if config.debug.moe_force_load_balance:
+            logger.warning(
+                "debug.moe_force_load_balance = true: MoE tokens are routed round-robin, not by "
+                "the routers (benchmarks only)"
+            )
 
     def next_batches(self, data_iter: Iterator) -> tuple[list[dict], float]:
         """This step's micro-batches on the device, and the seconds spent waiting for them."""
@@ -261,6 +266,8 @@ class Trainer:
             per_layer = load_LE.max(dim=1).values / load_LE.mean(dim=1).clamp(min=1e-9)
             values["expert_load_imbalance"] = per_layer.mean().item()
             values["expert_load_max_over_mean"] = [round(x, 3) for x in per_layer.tolist()]
+            if self.model.args.moe_force_load_balance:
+                values["moe_force_load_balance"] = True
         return values
 
     def _count_nonfinite(self, nonfinite: str | None) -> None:

@@ -124,7 +124,11 @@ class TinyModel(nn.Module):
         return None
 
 
-def build_tiny_args(model: ModelConfig, seq_len: int, initial_load_path: str | None) -> TinyArgs:
+def build_tiny_args(
+    model: ModelConfig, seq_len: int, initial_load_path: str | None, force_balance: bool
+) -> TinyArgs:
+    if force_balance:
+        raise ConfigError("debug.moe_force_load_balance = true: the tiny family has no experts")
     if model.flavor not in TINY_FLAVORS:
         raise ConfigError(f"model.flavor = {model.flavor!r}: one of {', '.join(TINY_FLAVORS)}")
     return replace(TINY_FLAVORS[model.flavor], attn_backend=model.attn_backend)

@@ -9,6 +9,7 @@ from typing import Literal
 
 from torchtitan_ablate.config.checkpoint_config import Checkpoint
 from torchtitan_ablate.config.comm_config import Comm
+from torchtitan_ablate.config.debug_config import Debug
 from torchtitan_ablate.config.dpo_config import DPO
 from torchtitan_ablate.config.measure_config import (
     MemoryEstimation,
@@ -362,3 +363,4 @@ class JobConfig:
     metrics: Metrics = field(default_factory=Metrics)
     profiling: Profiling = field(default_factory=Profiling)
     memory_estimation: MemoryEstimation = field(default_factory=MemoryEstimation)
+    debug: Debug = field(default_factory=Debug)

@@ -52,6 +52,7 @@ def validate(config: JobConfig) -> None:
         _check_lora(config.lora)
     _check_ep_dispatch(config)
     check_dpo(config)
+    _check_force_load_balance(config)
 
 
 def _check_model(m: Model, parallelism: Parallelism) -> None:
@@ -81,6 +82,37 @@ def _check_ep_dispatch(config: JobConfig) -> None:
     key = "parallelism.expert_parallel_dispatch = 'tokens'"
     ep = config.parallelism.expert_parallel_degree
     require(ep > 1, f"{key} needs parallelism.expert_parallel_degree > 1 (it is {ep})")
+
+
+def _check_force_load_balance(config: JobConfig) -> None:
+    """Forced routing ignores the router's choice: what would act on that choice, or keep
+    weights trained without it, is refused (dense flavors are refused where the flavor is
+    known, models/qwen3/sizes.py)."""
+    if not config.debug.moe_force_load_balance:
+        return
+    key = "debug.moe_force_load_balance = true (benchmarks only: round-robin routing)"
+    m = config.model
+    require(
+        m.moe_aux_loss_coef == 0,
+        f"{key} leaves the load-balancing loss nothing to balance, but model.moe_aux_loss_coef "
+        f"= {m.moe_aux_loss_coef} (-1 keeps the flavor's 0.001): set it to 0",
+    )
+    require(
+        m.moe_bias_update_rate == 0,
+        f"{key}: the expert bias cannot move a forced selection; set "
+        "model.moe_bias_update_rate = 0",
+    )
+    require(
+        not config.checkpoint.enable,
+        f"{key} with checkpoint.enable = true: weights trained without the router's choice "
+        "route differently in any normal run or HF export; set checkpoint.enable = false",
+    )
+    imbalance = config.memory_estimation.ep_imbalance
+    require(
+        imbalance == 1,
+        f"{key} gives every EP rank the same rows, but memory_estimation.ep_imbalance = "
+        f"{imbalance}: set it to 1",
+    )
 
 
 def _check_optimizer(o: Optimizer) -> None:

@@ -96,7 +96,7 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
     with ExitStack() as stack:
         stack.enter_context(fake_world(world_size))
         stack.enter_context(fresh_dynamo())
-        stack.enter_context(forced_routing(me.ep_imbalance))
+        stack.enter_context(forced_routing(me.ep_imbalance, config.debug.moe_force_load_balance))
         if cuda:
             native = resolve_backend(config.model.attn_backend, torch.device("cuda")) != "sdpa"
             stack.enter_context(cuda_model.cuda_attention(native))
@@ -117,7 +117,9 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
     tracker, pd = result.tracker, result.parallel_dims
     moe = any("moe" in k for k in tracker.module_activations)
     assumption = "all ranks symmetric (same shapes on every rank)"
-    if pd.ep_enabled:
+    if pd.ep_enabled and config.debug.moe_force_load_balance:
+        assumption = "EP: the run's round-robin routing (debug.moe_force_load_balance)"
+    elif pd.ep_enabled:
         assumption = (
             f"EP: balanced routing (each expert T*k/E tokens); rank 0 receives "
             f"{me.ep_imbalance:g}x the mean rows (memory_estimation.ep_imbalance)"

@@ -37,7 +37,7 @@ def _cpu_rank(rank: int, world_size: int, store_path: str, out, config: JobConfi
         "gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(minutes=5)
     )
     try:
-        with forced_routing(1.0):
+        with forced_routing(1.0, config.debug.moe_force_load_balance):
             if config.compile.enable:
                 out.put((rank, (_inductor_cpu_peak(config, world_size), {})))
             else:

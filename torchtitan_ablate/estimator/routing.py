@@ -12,6 +12,10 @@ whatever the split). So the estimate assumes:
 - with `memory_estimation.ep_imbalance = F`, the modelled rank (rank 0) is the busiest EP rank
   and receives F * R rows (it sends R as usual).
 
+A run with `debug.moe_force_load_balance` routes by the round-robin slots of moe.py's
+`round_robin_expert` instead: the same balanced rows per expert, and under token dispatch the
+token rows that pattern sends, counted exactly (`RoundRobinCounts`; ep_imbalance is 1 there).
+
 The CPU estimate is checked against real gloo ranks running under the same forced routing
 (validate.py), so both see the same shapes.
 """
@@ -23,6 +27,7 @@ from contextlib import contextmanager
 import torch
 
 from torchtitan_ablate.models.common.experts import CountReader, read_counts_with
+from torchtitan_ablate.models.common.moe import round_robin_expert
 
 
 def even_splits(total: int, parts: int) -> list[int]:
@@ -67,8 +72,47 @@ class BalancedCounts(CountReader):
         return send, recv, pairs, forced_WL
 
 
+class RoundRobinCounts(BalancedCounts):
+    """Counts of debug.moe_force_load_balance's round-robin routing: every EP rank routes its
+    n_tokens alike, so rank w sends each rank v the tokens of its own pattern that reach v."""
+
+    def __init__(self) -> None:
+        super().__init__(ep_imbalance=1.0)
+
+    def ep_token_splits(
+        self, rows_W: torch.Tensor, recv_WC: torch.Tensor, n_tokens: int, top_k: int
+    ) -> tuple[list[int], list[int], int, torch.Tensor]:
+        n_ranks, n_local = recv_WC.shape[0], recv_WC.shape[1] - 1
+        tokens_W, pairs_E = round_robin_reach(n_tokens, top_k, n_ranks * n_local, n_ranks)
+        recv = [tokens_W[0]] * n_ranks  # every source sends this rank what it sends rank 0
+        forced_WL = torch.tensor([pairs_E[:n_local]] * n_ranks, device=recv_WC.device)
+        return tokens_W, recv, n_ranks * sum(pairs_E[:n_local]), forced_WL
+
+
+def round_robin_reach(
+    n_tokens: int, top_k: int, n_experts: int, n_ranks: int
+) -> tuple[list[int], list[int]]:
+    """Under round-robin routing of n_tokens tokens: how many reach each of n_ranks EP ranks
+    (experts in contiguous blocks), and the (token, expert) pairs of each expert. The pattern
+    repeats every n_experts / gcd(n_experts, top_k) tokens, so one period is counted."""
+    period = n_experts // math.gcd(n_experts, top_k)
+    per_rank = n_experts // n_ranks
+    tokens_W, pairs_E = [0] * n_ranks, [0] * n_experts
+    for t in range(min(n_tokens, period)):
+        times = n_tokens // period + (t < n_tokens % period)
+        slots = [(t * top_k + k) % n_experts for k in range(top_k)]
+        experts = [round_robin_expert(slot, n_experts, top_k) for slot in slots]
+        for rank in {e // per_rank for e in experts}:
+            tokens_W[rank] += times
+        for e in experts:
+            pairs_E[e] += times
+    return tokens_W, pairs_E
+
+
 @contextmanager
-def forced_routing(ep_imbalance: float) -> Iterator[None]:
-    """Balanced routing (times `ep_imbalance` rows received by this rank under EP)."""
-    with read_counts_with(BalancedCounts(ep_imbalance)):
+def forced_routing(ep_imbalance: float, force_load_balance: bool = False) -> Iterator[None]:
+    """Balanced routing (times `ep_imbalance` rows received by this rank under EP), or with
+    force_load_balance (debug.moe_force_load_balance) the run's own round-robin routing."""
+    reader = RoundRobinCounts() if force_load_balance else BalancedCounts(ep_imbalance)
+    with read_counts_with(reader):
         yield

@@ -82,9 +82,10 @@ class ModelSpec:
     flavors: Mapping[str, Any]
     """Named sizes (model.flavor)."""
 
-    build_args: Callable[[ModelConfig, int, str | None], Any]
-    """(model section, training.seq_len, checkpoint.initial_load_path) -> this run's args, or
-    ConfigError naming the key."""
+    build_args: Callable[[ModelConfig, int, str | None, bool], Any]
+    """(model section, training.seq_len, checkpoint.initial_load_path,
+    debug.moe_force_load_balance) -> this run's args, or ConfigError naming the key (a family
+    without routed experts refuses the last)."""
 
     parallelize: Callable[..., Any]
     """The family's recipe of techniques (the module docstring)."""

@@ -282,6 +282,8 @@ class MetricsLogger:
                 f"  aux {r['moe_aux_loss']:.4f}  expert_load max/mean "
                 f"{r['expert_load_imbalance']:.2f}"
             )
+            if r.get("moe_force_load_balance"):
+                line += " (forced round-robin)"
         line += f"  elapsed {_hms(time.perf_counter() - self.launch_start)}"
         if self.last_step and self.step_times:
             eta = statistics.median(self.step_times) * max(self.last_step - r["step"], 0)

@@ -9,9 +9,15 @@ Exposed for metrics: `aux_loss` (last forward's coefficient-scaled value, detach
 `tokens_per_expert` (float counts accumulated since the last reset) and, when enabled, the
 aux-loss-free `expert_bias` (DeepSeek-V3) that shifts expert *selection* only.
 
+`force_load_balance` (debug.moe_force_load_balance, benchmarks only) replaces the router's choice
+by round-robin slots, as torchtitan's `_debug_force_load_balance`: every expert gets T*K/E rows
+(floor or ceil), computed on the device from the token count alone.
+
 Shape legend: B batch, S sequence, D model dim, T = B*S tokens, E experts, K top_k,
 R = T*K routed rows.
 """
+
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -20,15 +26,30 @@ from torch import nn
 from torchtitan_ablate.models.common.experts import GroupedExperts
 from torchtitan_ablate.models.common.init import ParamInit, init_for
 
+Slot = TypeVar("Slot", int, torch.Tensor)
+
 
 class TopKRouter(nn.Module):
-    """Softmax over experts in float32, top-k, optional renormalisation of the k weights."""
+    """Softmax over experts in float32, top-k, optional renormalisation of the k weights.
 
-    def __init__(self, dim: int, num_experts: int, top_k: int, norm_topk_prob: bool) -> None:
+    force_load_balance: benchmark only; the experts are round-robin slots
+    (`round_robin_expert`) instead of the top-k, and the weights the chosen experts' softmax
+    probabilities (renormalised as usual), as in torchtitan's debug routing."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_experts: int,
+        top_k: int,
+        norm_topk_prob: bool,
+        force_load_balance: bool = False,
+    ) -> None:
         super().__init__()
         self.gate = nn.Linear(dim, num_experts, bias=False)
+        self.num_experts = num_experts
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
+        self.force_load_balance = force_load_balance
 
     def forward(
         self, x_TD: torch.Tensor, expert_bias_E: torch.Tensor | None
@@ -38,12 +59,37 @@ class TopKRouter(nn.Module):
         # near-ties between experts decide routing.
         logits_TE = F.linear(x_TD.float(), self.gate.weight.float())
         probs_TE = logits_TE.softmax(dim=-1)
-        scores_TE = probs_TE if expert_bias_E is None else probs_TE + expert_bias_E
-        experts_TK = scores_TE.topk(self.top_k, dim=-1).indices
+        if self.force_load_balance:
+            n_tokens = x_TD.shape[0]
+            slot_R = torch.arange(n_tokens * self.top_k, device=x_TD.device) % self.num_experts
+            experts_TK = round_robin_expert(slot_R, self.num_experts, self.top_k)
+            experts_TK = experts_TK.view(n_tokens, self.top_k)
+        else:
+            scores_TE = probs_TE if expert_bias_E is None else probs_TE + expert_bias_E
+            experts_TK = scores_TE.topk(self.top_k, dim=-1).indices
         weights_TK = probs_TE.gather(1, experts_TK)  # the bias never reaches the weights
         if self.norm_topk_prob:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
         return probs_TE, weights_TK, experts_TK
+
+
+def round_robin_expert(slot: Slot, num_experts: int, top_k: int) -> Slot:
+    """The expert of round-robin slot `slot` in [0, E) (an int, or an int64 tensor of them).
+
+    Token t fills slots t*K .. t*K + K - 1 (mod E), so each expert gets T*K/E rows (floor or
+    ceil), as in torchtitan's debug routing. Its slot -> expert map is the identity; here a
+    permutation takes consecutive slots to experts E/K apart, so a token's K experts spread
+    over the expert-parallel ranks (a token reaches min(ranks, K) of them when K divides E)
+    instead of sitting on one rank, which would make token dispatch look cheaper than under any
+    learned routing. Slots of residue r = slot % K fill experts [offset_r, offset_r + count_r),
+    count_r = ceil((E - r) / K)."""
+    residue = slot % top_k
+    extra = num_experts % top_k  # residues below it have one slot more
+    if isinstance(residue, torch.Tensor):
+        before = residue.clamp(max=extra)
+    else:
+        before = min(residue, extra)
+    return residue * (num_experts // top_k) + before + slot // top_k
 
 
 class _AttachAuxLoss(torch.autograd.Function):
@@ -72,12 +118,13 @@ class MoE(nn.Module):
         aux_loss_coef: float = 0.0,
         use_expert_bias: bool = False,
         grouped_mm: bool | None = None,
+        force_load_balance: bool = False,
     ) -> None:
         super().__init__()
         self.num_experts = num_experts
         self.top_k = top_k
         self.aux_loss_coef = aux_loss_coef
-        self.router = TopKRouter(dim, num_experts, top_k, norm_topk_prob)
+        self.router = TopKRouter(dim, num_experts, top_k, norm_topk_prob, force_load_balance)
         self.experts = GroupedExperts(dim, hidden_dim, num_experts, grouped_mm)
         # Metric state, not model state: not saved in checkpoints.
         self.register_buffer("tokens_per_expert", torch.zeros(num_experts), persistent=False)
@@ -120,23 +167,28 @@ class MoE(nn.Module):
 
     @torch.no_grad()
     def update_expert_bias(self, rate: float, load_E: torch.Tensor | None = None) -> None:
-        """bias += rate * sign(mean load - load); load_E defaults to the counts accumulated
-        since the last reset. With data parallelism pass counts summed over ranks, or the
-        ranks' biases drift apart. Counts are not reset here (the metrics read them too).
+        """bias += rate * (sign(mean load - load), less its mean), torchtitan's rule. The
+        selection depends only on differences between the biases, which the mean leaves alone;
+        without it the bias drifts by up to `rate` a step. load_E defaults to the counts
+        accumulated since the last reset. With data parallelism pass counts summed over ranks,
+        or the ranks' biases drift apart. Counts are not reset here (the metrics read them too).
         """
         if self.expert_bias is None:
             raise ValueError(
                 "update_expert_bias needs the model built with moe_bias_update_rate > 0"
             )
         load_E = self.tokens_per_expert if load_E is None else load_E
-        self.expert_bias.add_(rate * torch.sign(load_E.mean() - load_E))
+        step_E = torch.sign(load_E.mean() - load_E)
+        self.expert_bias.add_(rate * (step_E - step_E.mean()))
 
     def reset_expert_load(self) -> None:
         self.tokens_per_expert.zero_()
 
     def init_weights(self, init_std: float, init: ParamInit | None = None) -> None:
         init = init_for(self, init)
-        init.trunc_normal_(self.router.gate.weight, 0.02)
+        # The block's depth-scaled std, as torchtitan: flatter softmax at init, so the expert
+        # bias (steps of moe_bias_update_rate) moves the selection within a few steps.
+        init.trunc_normal_(self.router.gate.weight, init_std)
         self.experts.init_weights(init_std, init)
         self.tokens_per_expert.zero_()
         if self.expert_bias is not None:

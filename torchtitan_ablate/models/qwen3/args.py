@@ -32,6 +32,8 @@ class Qwen3ModelArgs:
     # Routed experts' kernel: None picks grouped GEMM on CUDA bf16, else the per-expert loop;
     # True/False force one (the memory estimator models CUDA's grouped GEMM on CPU).
     moe_grouped_mm: bool | None = None
+    # Benchmarks only: round-robin routing, every expert T*K/E rows (debug.moe_force_load_balance).
+    moe_force_load_balance: bool = False
 
     def __post_init__(self) -> None:
         if self.attn_backend not in ATTN_BACKENDS:

@@ -72,6 +72,7 @@ class TransformerBlock(nn.Module):
                 aux_loss_coef=args.moe_aux_loss_coef,
                 use_expert_bias=args.moe_bias_update_rate > 0,
                 grouped_mm=args.moe_grouped_mm,
+                force_load_balance=args.moe_force_load_balance,
             )
         else:
             self.feed_forward = FeedForward(args.dim, args.hidden_dim)
@@ -124,9 +125,13 @@ class Qwen3Model(nn.Module):
         init.py); default: torch's seed, on the device of the weights.
 
         1. RoPE tables on buffer_device (default: where the buffers live).
-        2. Embedding N(0, 0.02); with tied embeddings it is also the output projection.
-        3. Per block: norms 1; wq/wk/wv, gates and router 0.02; projections writing into the
-           residual stream (and the up projections, as torchtitan) 0.02 / sqrt(2 (layer + 1)).
+        2. Embedding N(0, 1), as torchtitan; tied, it is also the output projection: N(0, 0.02).
+           The rows must outweigh the first attention output (about 0.5 per element at
+           30B-A3B widths), a context average nearly alike for every token: at 0.02 every
+           token sends the first routers almost the same direction and 8 experts of 128 take
+           most tokens (dev/routing_study.md).
+        3. Per block: norms 1; wq/wk/wv and gates 0.02; projections writing into the residual
+           stream, the up projections and the router (as torchtitan) 0.02 / sqrt(2 (layer + 1)).
         4. Final norm 1; untied output truncated N(0, dim^-0.5).
         """
         device = buffer_device if buffer_device is not None else self.rope_cos.device
@@ -135,7 +140,7 @@ class Qwen3Model(nn.Module):
         )
         self.rope_cos, self.rope_sin = cos_SK, sin_SK
         init = init_for(self, init)
-        init.normal_(self.tok_embeddings.weight, 0.02)
+        init.normal_(self.tok_embeddings.weight, 0.02 if self.args.tie_embeddings else 1.0)
         for block in self.layers.values():
             block.init_weights(init)
         self.norm.reset_parameters()

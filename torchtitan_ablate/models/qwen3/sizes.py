@@ -13,11 +13,15 @@ from torchtitan_ablate.models.qwen3.args import Qwen3ModelArgs, qwen3_flavors
 
 
 def build_model_args(
-    model: ModelConfig, seq_len: int, initial_load_path: str | None
+    model: ModelConfig,
+    seq_len: int,
+    initial_load_path: str | None,
+    force_load_balance: bool = False,
 ) -> Qwen3ModelArgs:
     """The flavor's sizes with this run's overrides applied (-1 keeps the flavor's value; the
     config loader has checked the ranges). MoE knobs on a dense flavor are an error, not ignored.
-    initial_load_path: the folder whose config.json flavor "auto" reads."""
+    initial_load_path: the folder whose config.json flavor "auto" reads. force_load_balance:
+    debug.moe_force_load_balance (round-robin routing, benchmarks only)."""
     if model.flavor == "auto":
         base = _auto_flavor(initial_load_path)
     else:
@@ -28,7 +32,14 @@ def build_model_args(
         )
     if not base.num_experts:
         _reject_moe_knobs_on_dense(model)
+        if force_load_balance:
+            raise ConfigError(
+                f"debug.moe_force_load_balance = true applies to MoE flavors only and "
+                f"model.flavor = {model.flavor!r} is dense: remove it (or use a MoE flavor)"
+            )
     overrides: dict = {"attn_backend": model.attn_backend}
+    if force_load_balance:
+        overrides["moe_force_load_balance"] = True
     if model.moe_aux_loss_coef >= 0:
         overrides["moe_aux_loss_coef"] = model.moe_aux_loss_coef
     if model.moe_bias_update_rate > 0:
