@@ -17,7 +17,7 @@ from torchtitan_ablate import train
 from torchtitan_ablate.components.objective.finite import NonFiniteError
 from torchtitan_ablate.components.optim.lr_scheduler import lr_factor
 from torchtitan_ablate.config import load_config, run_main
-from torchtitan_ablate.config.job_config import LRScheduler
+from torchtitan_ablate.config.optim_config import LRScheduler
 from torchtitan_ablate.distributed import utils as dist_utils
 
 BASE = ["--job.config_file", "train_configs/debug_model.toml", "--training.seq_len", "64"]

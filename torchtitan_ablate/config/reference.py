@@ -13,6 +13,7 @@ from torchtitan_ablate.config import (
     dpo_config,
     job_config,
     measure_config,
+    optim_config,
 )
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.config.manager import describe_type, field_types, toml_value
@@ -20,7 +21,15 @@ from torchtitan_ablate.config.manager import describe_type, field_types, toml_va
 
 def field_docs() -> dict[str, dict[str, str]]:
     """{class name: {field: docstring}} read from the string literal under each field."""
-    modules = (job_config, measure_config, dpo_config, checkpoint_config, comm_config, debug_config)
+    modules = (
+        job_config,
+        measure_config,
+        dpo_config,
+        checkpoint_config,
+        comm_config,
+        debug_config,
+        optim_config,
+    )
     body = [n for m in modules for n in ast.parse(inspect.getsource(m)).body]
     docs: dict[str, dict[str, str]] = {}
     for node in body:

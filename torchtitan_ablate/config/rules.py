@@ -11,7 +11,6 @@ that uses them.
 
 from torchtitan_ablate.config.job_config import (
     LORA_TARGETS,
-    NO_DECAY_CLASSES,
     ActivationCheckpoint,
     Checkpoint,
     Comm,
@@ -19,14 +18,13 @@ from torchtitan_ablate.config.job_config import (
     Float8,
     JobConfig,
     LoRA,
-    LRScheduler,
     MemoryEstimation,
     Metrics,
     Model,
-    Optimizer,
     Parallelism,
     Profiling,
 )
+from torchtitan_ablate.config.optim_config import NO_DECAY_CLASSES, LRScheduler, Optimizer
 from torchtitan_ablate.config.require import at_least, require, unset_or_positive
 from torchtitan_ablate.config.training_rules import check_dpo, check_training, check_validation
 

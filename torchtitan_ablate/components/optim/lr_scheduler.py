@@ -11,7 +11,7 @@ import math
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from torchtitan_ablate.config.job_config import LRScheduler as LRSchedulerConfig
+from torchtitan_ablate.config.optim_config import LRScheduler as LRSchedulerConfig
 
 logger = logging.getLogger("torchtitan_ablate")
 

@@ -25,8 +25,8 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from torchtitan_ablate.config.job_config import NO_DECAY_CLASSES
-from torchtitan_ablate.config.job_config import Optimizer as OptimizerConfig
+from torchtitan_ablate.config.optim_config import NO_DECAY_CLASSES
+from torchtitan_ablate.config.optim_config import Optimizer as OptimizerConfig
 from torchtitan_ablate.models.common.norms import RMSNorm
 from torchtitan_ablate.models.common.output_head import OutputHead
 

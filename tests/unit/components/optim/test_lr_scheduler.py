@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from torchtitan_ablate.components.optim.lr_scheduler import build_lr_scheduler, lr_factor
-from torchtitan_ablate.config.job_config import LRScheduler
+from torchtitan_ablate.config.optim_config import LRScheduler
 
 
 def test_warmup_then_linear_decay_to_min():
