@@ -36,6 +36,7 @@ from torchtitan_ablate.components.objective.dpo import init_reference, reference
 from torchtitan_ablate.components.objective.finite import NonFiniteError
 from torchtitan_ablate.components.objective.validate import Validator
 from torchtitan_ablate.components.observability.comm_profile import CommProfiler
+from torchtitan_ablate.components.observability.expert_load import moe_step_metrics
 from torchtitan_ablate.components.observability.metrics import (
     MetricsLogger,
     attention_pairs,
@@ -259,15 +260,7 @@ class Trainer:
             sums = torch.stack([out["loss_metrics"][k] for k in names])
             values.update(zip(names, dist_utils.all_reduce_sum(sums, group).tolist()))
         if "moe_aux_loss" in out:
-            aux = dist_utils.all_reduce_sum(out["moe_aux_loss"].clone(), group)
-            values["moe_aux_loss"] = aux.item()
-            load_LE = dist_utils.all_reduce_sum(self.model.expert_load().clone(), group)
-            self.model.reset_expert_load()
-            per_layer = load_LE.max(dim=1).values / load_LE.mean(dim=1).clamp(min=1e-9)
-            values["expert_load_imbalance"] = per_layer.mean().item()
-            values["expert_load_max_over_mean"] = [round(x, 3) for x in per_layer.tolist()]
-            if self.model.args.moe_force_load_balance:
-                values["moe_force_load_balance"] = True
+            values.update(moe_step_metrics(self.model, out["moe_aux_loss"], group))
         return values
 
     def _count_nonfinite(self, nonfinite: str | None) -> None:
