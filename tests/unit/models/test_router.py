@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from tests.dist_utils import run_distributed
+from tests.helpers.distributed import run_distributed
 from tests.unit.memory.checks import assert_estimate_matches_ranks
 from torch import nn
 
