@@ -3,8 +3,8 @@ args it reaches, and the console mark of such runs."""
 
 import pytest
 import torch
-from tests.helpers.distributed import captured_log
 
+from tests.helpers.distributed import captured_log
 from torchtitan_ablate.build import check_layout
 from torchtitan_ablate.components.observability.metrics import MetricsLogger
 from torchtitan_ablate.config import ConfigError, load_config

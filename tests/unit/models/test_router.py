@@ -10,13 +10,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from tests.helpers.distributed import run_distributed
-from tests.unit.memory.checks import assert_estimate_matches_ranks
 from torch import nn
 
+from tests.helpers.distributed import run_distributed
+from tests.helpers.estimator_checks import assert_estimate_matches_ranks
 from torchtitan_ablate.config import load_config
-from torchtitan_ablate.distributed.ep_token_dispatch import TokenDispatchExperts
-from torchtitan_ablate.distributed.expert_parallel import apply_ep
+from torchtitan_ablate.distributed.ep_token_dispatch import TokenDispatch
+from torchtitan_ablate.distributed.expert_parallel import RowDispatch, apply_ep
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.estimator import estimate
 from torchtitan_ablate.estimator.routing import round_robin_reach
@@ -209,7 +209,7 @@ def _forced_ep_rank(tokens: bool) -> dict:
     holder = nn.Module()
     holder.layers = nn.ModuleDict({"0": nn.Module()})
     holder.layers["0"].moe = moe
-    apply_ep(holder, pd.mesh("ep"), TokenDispatchExperts if tokens else None)
+    apply_ep(holder, pd.mesh("ep"), TokenDispatch if tokens else RowDispatch)
     reader = _SentReader()
     with read_counts_with(reader):
         out = moe(x_bSD)
