@@ -166,7 +166,7 @@ def test_side_by_side_with_different_gpu_counts_is_noted(capsys):
 
 def test_report_estimate_fills_predictions_skipped_at_planning(tmp_path, capsys):
     from torchtitan_ablate.ablate import plan as ablation_plan
-    from torchtitan_ablate.ablate.spec import load_spec
+    from torchtitan_ablate.ablate.ablation_file import load_spec
 
     path = tmp_path / "tiny.toml"
     path.write_text(ABLATION)

@@ -23,8 +23,8 @@ import os
 import sys
 from pathlib import Path
 
+from torchtitan_ablate.ablate.ablation_file import AblationError, load_spec, parse_sets
 from torchtitan_ablate.ablate.environment import ROOT
-from torchtitan_ablate.ablate.spec import AblationError, load_spec, parse_sets
 from torchtitan_ablate.components.checkpoint.dump_lock import acquire
 from torchtitan_ablate.config import ConfigError
 

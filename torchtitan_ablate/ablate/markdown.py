@@ -5,7 +5,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from torchtitan_ablate.ablate.spec import cli_arg
+from torchtitan_ablate.ablate.ablation_file import cli_arg
 
 # Layout values that the header states as run (after every override), in this order.
 AS_RUN = (("flavor", "model {}"), ("seq_len", "seq_len {}"), ("steps", "{} steps"),

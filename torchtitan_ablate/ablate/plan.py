@@ -12,8 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from torchtitan_ablate.ablate.ablation_file import AblationError, AblationSpec, Variant
 from torchtitan_ablate.ablate.environment import environment
-from torchtitan_ablate.ablate.spec import AblationError, AblationSpec, Variant
 from torchtitan_ablate.config import ConfigError, JobConfig, load_config
 
 PLAN_FILE = "ablation.json"
@@ -24,7 +24,7 @@ def predict_memory(config: JobConfig, ngpu: int) -> dict[str, Any]:
     """The memory estimator's per-GPU peak and the verdict estimation.py gives, or "n/a" with
     the reason when the estimator cannot model this config."""
     from torchtitan_ablate import estimator as memory
-    from torchtitan_ablate.estimator.report import device_memory_gib, verdict
+    from torchtitan_ablate.estimator.verdict import device_memory_gib, verdict
 
     config.memory_estimation.world_size = ngpu
     try:

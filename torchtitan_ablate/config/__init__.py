@@ -1,6 +1,6 @@
 from torchtitan_ablate.config.errors import ConfigError
 from torchtitan_ablate.config.job_config import JobConfig
-from torchtitan_ablate.config.manager import (
+from torchtitan_ablate.config.loader import (
     check_dump_folder,
     exit_on_config_error,
     load_config,

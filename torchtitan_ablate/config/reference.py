@@ -16,7 +16,7 @@ from torchtitan_ablate.config import (
     optim_config,
 )
 from torchtitan_ablate.config.job_config import JobConfig
-from torchtitan_ablate.config.manager import describe_type, field_types, toml_value
+from torchtitan_ablate.config.loader import describe_type, field_types, toml_value
 
 
 def field_docs() -> dict[str, dict[str, str]]:

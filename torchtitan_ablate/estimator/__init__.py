@@ -10,7 +10,7 @@ import os
 
 from torchtitan_ablate.config import JobConfig
 from torchtitan_ablate.estimator.estimate import estimate
-from torchtitan_ablate.estimator.report import (
+from torchtitan_ablate.estimator.verdict import (
     apply_overrides,
     candidate_knobs,
     device_memory_gib,

@@ -26,7 +26,7 @@ from torchtitan_ablate.estimator import cuda_model, kernel_loss
 from torchtitan_ablate.estimator.compiled import FakeInductor, describe_program
 from torchtitan_ablate.estimator.fake_env import fake_tensors, fake_world, resolve_world_size
 from torchtitan_ablate.estimator.routing import forced_routing
-from torchtitan_ablate.estimator.step import tracked_step
+from torchtitan_ablate.estimator.tracked_step import tracked_step
 from torchtitan_ablate.estimator.tracker import CATEGORIES
 from torchtitan_ablate.models.common.attention import resolve_backend
 

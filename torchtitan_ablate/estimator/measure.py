@@ -1,6 +1,6 @@
 """Measured peaks to check the estimator against: real CPU ranks (gloo) and, when present, CUDA.
 
-`measure_cpu(config, world_size)` runs the estimator's own tracked step (step.py) on real
+`measure_cpu(config, world_size)` runs the estimator's own tracked step (tracked_step.py) on real
 tensors in `world_size` gloo processes, with the same forced routing, and returns each rank's
 tracked peak: the fake-free reference for the CPU estimate (`estimate(config, target="cpu")`).
 
@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 from torchtitan_ablate.config import JobConfig
 from torchtitan_ablate.estimator.estimate import prepare_config
 from torchtitan_ablate.estimator.routing import forced_routing
-from torchtitan_ablate.estimator.step import tracked_step
+from torchtitan_ablate.estimator.tracked_step import tracked_step
 
 
 def _cpu_rank(rank: int, world_size: int, store_path: str, out, config: JobConfig) -> None:
@@ -56,7 +56,7 @@ def _inductor_cpu_peak(config: JobConfig, world_size: int) -> int:
     from torch._C._profiler import _EventType
 
     from torchtitan_ablate.build import build_layout, build_run
-    from torchtitan_ablate.estimator.step import create_optimizer_state, synthetic_batches
+    from torchtitan_ablate.estimator.tracked_step import create_optimizer_state, synthetic_batches
     from torchtitan_ablate.estimator.tracker import MemoryTracker
     from torchtitan_ablate.step import train_step
 
@@ -135,7 +135,7 @@ def _two_steps_peak(config: JobConfig, world_size: int) -> int:
     """This rank's peak over its second real step (steady state: optimizer state resident)."""
     from torchtitan_ablate.build import build_layout, build_run
     from torchtitan_ablate.distributed import utils as dist_utils
-    from torchtitan_ablate.estimator.step import reset_dtensor_rng, synthetic_batches
+    from torchtitan_ablate.estimator.tracked_step import reset_dtensor_rng, synthetic_batches
     from torchtitan_ablate.step import train_step
 
     cfg = copy.deepcopy(config)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from torchtitan_ablate.ablate import markdown, plan
-from torchtitan_ablate.ablate.spec import load_spec
+from torchtitan_ablate.ablate.ablation_file import load_spec
 
 STUDY = """
 [ablation]

@@ -123,7 +123,7 @@ def test_side_by_side_note_in_report(n):
 
 
 def test_wandb_runs_grouped_by_ablation_named_by_variant_and_seed():
-    from torchtitan_ablate.ablate.spec import AblationSpec, Variant
+    from torchtitan_ablate.ablate.ablation_file import AblationSpec, Variant
 
     spec = AblationSpec("abl", "train_configs/debug_model.toml", [Variant("v1", {})], seeds=[1, 2])
     off = plan.plan_variant(spec, spec.variants[0], 1, [], estimate=False)

@@ -76,7 +76,7 @@ def test_compiled_estimate_matches_inductor_on_cpu_ranks():
 
 
 # Patches of torch itself, each for a reason stated where it is made (tracker.py, fake_env.py,
-# step.py); any other assignment to an imported module's or class's attribute is a failure.
+# tracked_step.py); any other assignment to an imported module's or class's attribute is a failure.
 TORCH_PATCHES = {
     "torch.UntypedStorage.resize_",
     "ShardingPropagator._propagate_tensor_meta_non_cached",

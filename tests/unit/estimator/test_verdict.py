@@ -1,7 +1,7 @@
 """The estimator's verdict: fits or not, and the warning when the predicted peak leaves less room
 than the caching allocator needs (the run starts but runs slower)."""
 
-from torchtitan_ablate.estimator.report import verdict
+from torchtitan_ablate.estimator.verdict import verdict
 
 
 def est(peak_gib: float, moe: bool) -> dict:

@@ -16,7 +16,7 @@ from torchtitan_ablate.build import build_layout, build_run, check_layout
 from torchtitan_ablate.config import ConfigError, JobConfig, load_config
 from torchtitan_ablate.distributed.context_parallel import place_micro_batch
 from torchtitan_ablate.estimator import estimate
-from torchtitan_ablate.estimator.step import tracked_step
+from torchtitan_ablate.estimator.tracked_step import tracked_step
 from torchtitan_ablate.models.common.init import canonical_name
 from torchtitan_ablate.models.registry import get_spec, register, spec_for_args, unregister
 from torchtitan_ablate.step import train_step

@@ -2,7 +2,7 @@
 
 import pytest
 
-from torchtitan_ablate.ablate.spec import AblationError, cli_arg, load_spec, parse_sets
+from torchtitan_ablate.ablate.ablation_file import AblationError, cli_arg, load_spec, parse_sets
 
 GOOD = """
 [ablation]
