@@ -1,25 +1,19 @@
-"""Expert load of torchtitan_ablate's Qwen3 MoE against torchtitan 0.2.2's on CPU: at step 0 at
-the real 30B-A3B widths, and over a few training steps at small widths, on the peer run's corpus
-and tokenizer. Findings and commands: dev/routing_study.md.
+"""Expert load of this engine's Qwen3 MoE against torchtitan 0.2.2's on CPU, at step 0 (30B-A3B
+widths) and over a few steps (small widths), on the peer's corpus: dev/routing_study.md.
 
-    python scripts/routing_study.py step0 --tt-site /tmp/tt_site
-    python scripts/routing_study.py train --tt-site /tmp/tt_site
+    python dev/routing_study.py step0 --tt-site /tmp/tt_site
+    python dev/routing_study.py train --tt-site /tmp/tt_site
 
---tt-site: a folder holding torchtitan 0.2.2 and the pure-Python wheels beside it
-(`pip install --no-deps --target DIR <peer>/whl/*.whl`, torch excepted). torchtitan's MoE module
-imports triton for a CUDA kernel its CPU path never runs; when triton is absent, an empty stand-in
-package goes on sys.path for this process. Token ids: one document of the peer's corpus generator
-(--peer), tokenised by this project's tokenizer (the same ids as the `tokenizers` package).
+--tt-site: torchtitan 0.2.2 and its pure-Python wheels (`pip install --no-deps --target DIR
+<peer>/whl/*.whl`, torch excepted); without triton an empty stand-in is put on sys.path (its CPU
+path never runs the kernel). Ids: a document of the peer's corpus generator (--peer, default
+../shared/peers/torchtitan beside the checkout), tokenised as the `tokenizers` package does.
 
-step0 builds one block at a time (dim 2048, 128 experts, top-8, expert hidden 768), initialised
-by its engine's own init_weights, feeds both engines the same ids and prints each MoE layer's
-max/mean expert load and the mean cosine similarity of the router inputs (1.0: every token sends
-the router the same direction). Variants set the embedding std and the router std. The embedding
-is drawn for the tokenizer's 8192 ids only (i.i.d. rows, as the first rows of the full table).
-
-train trains both engines from their own init (or a variant's) with AdamW, the peer's learning
-rate and warm-up, and aux-loss-free balancing (each engine's own bias update) or the aux loss,
-and prints the mean over layers of max/mean expert load per step.
+step0: one block at a time at 30B-A3B widths, each engine's own init_weights (variants set the
+embedding and router std; the embedding drawn for the tokenizer's 8192 ids), the same ids into
+both; prints each MoE layer's max/mean expert load and the router inputs' mean cosine similarity.
+train: both engines with AdamW, the peer's lr and warm-up, bias or aux-loss balancing; prints the
+mean over layers of max/mean expert load per step.
 """
 
 import argparse
@@ -45,15 +39,16 @@ from torchtitan_ablate.models.qwen3.args import qwen3_flavors
 from torchtitan_ablate.models.qwen3.model import Qwen3Model, rope_cos_sin
 from torchtitan_ablate.models.qwen3.model import TransformerBlock as OurBlock
 
-PEER = Path("/work/shared/peers/torchtitan")
+PEER = (
+    Path(__file__).resolve().parents[2] / "shared" / "peers" / "torchtitan"
+)  # beside the checkout
 N_IDS = 8192  # the peer tokenizer's ids
 TT_NAMES = {"moe_hidden_dim": "moe_inter_dim"}
 SMALL = dict(dim=512, n_heads=8, n_kv_heads=4, head_dim=128, moe_hidden_dim=64)
 
 
 def import_torchtitan(site: str, peer: Path):
-    """torchtitan's Qwen3 flavors and model module from `site` (with the peer's `datasets`
-    stand-in, which torchtitan's package imports)."""
+    """torchtitan's Qwen3 flavors and model module from `site` (and the peer's `datasets`)."""
     sys.path[:0] = [site, str(peer / "py")]
     try:
         import triton  # noqa: F401
@@ -71,8 +66,7 @@ def import_torchtitan(site: str, peer: Path):
 
 @contextmanager
 def float_histc() -> Iterator[None]:
-    """torchtitan counts expert choices with torch.histc on int64 ids, which CUDA has and CPU
-    lacks; for the duration of its forward the ids are counted as float32 (exact below 2^24)."""
+    """torchtitan counts expert ids with torch.histc on int64, which CPU lacks: float32 here."""
     histc = torch.histc
     torch.histc = lambda x, *args, **kw: histc(x.float(), *args, **kw).to(x.dtype)
     try:
@@ -118,8 +112,8 @@ def unit_draw(like: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 class Blocks:
-    """One engine's 30B-A3B blocks (n_layers of them), built one at a time: each holds 2.4 GB
-    of experts. tt: torchtitan's module; None builds ours."""
+    """One engine's n_layers 30B-A3B blocks, one at a time (2.4 GB of experts each); tt: None
+    builds ours."""
 
     def __init__(self, n_layers: int, seq: int, qwen3_args=None, tt_model=None) -> None:
         self.tt, self.name = tt_model, "ours" if tt_model is None else "tt"
@@ -178,8 +172,7 @@ def stop_at_experts(_module: nn.Module, _args: tuple) -> None:
 
 @torch.no_grad()
 def step0_loads(blocks: Blocks, ids_BS: torch.Tensor, variants: list, seed: int) -> list:
-    """Per variant (embedding std, router std), per layer: (max/mean load, router-input
-    cosine). Each layer is built once; the variants differ in their embedding and router."""
+    """Per variant (embedding std, router std), per layer: (max/mean load, router cosine)."""
     table_VD = torch.randn(N_IDS, blocks.args.dim, generator=torch.Generator().manual_seed(seed))
     h_vBSD = [table_VD[ids_BS] * emb_std for emb_std, _ in variants]
     rows: list[list[tuple[float, float]]] = [[] for _ in variants]
