@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
+from tests.helpers.checkpoints import one_model_manager
 from torchtitan_ablate.components.checkpoint.run_settings import describe_changes, run_settings
 from torchtitan_ablate.components.optim.lr_scheduler import build_lr_scheduler
 from torchtitan_ablate.components.optim.optimizer import build_optimizer
@@ -31,17 +31,8 @@ def _build(config: JobConfig) -> tuple:
 
 
 def _manager(folder, config: JobConfig, model, opt, sched, settings: bool = True):
-    return CheckpointManager(
-        folder=str(folder),
-        enable=True,
-        interval=1,
-        keep_latest_k=0,
-        model_parts=[model],
-        optimizers=[opt],
-        lr_schedulers=[sched],
-        dataloader=None,
-        settings=run_settings(config, sequences_per_step=8) if settings else None,
-    )
+    recorded = run_settings(config, sequences_per_step=8) if settings else None
+    return one_model_manager(folder, model, opt, sched, recorded)
 
 
 def _train(model, opt, sched, n: int) -> list[float]:

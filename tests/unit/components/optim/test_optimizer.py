@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers.checkpoints import one_model_manager
 from tests.helpers.distributed import captured_log, run_distributed
 from tests.helpers.parallel_harness import assert_same_training, train_layout
 from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
@@ -146,16 +147,7 @@ def _train(model: _Toy, opt: torch.optim.Optimizer, steps: int) -> None:
 
 def _manager(folder, model: _Toy, opt: torch.optim.Optimizer) -> CheckpointManager:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    return CheckpointManager(
-        folder=str(folder),
-        enable=True,
-        interval=1,
-        keep_latest_k=0,
-        model_parts=[model],
-        optimizers=[opt],
-        lr_schedulers=[sched],
-        dataloader=None,
-    )
+    return one_model_manager(folder, model, opt, sched)
 
 
 def _moments(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, dict]:
