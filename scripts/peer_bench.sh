@@ -45,7 +45,10 @@ echo "[peer_bench] corpus $CORPUS, content_hash $HASH"
 # TTPEER_CORPUS reaches torchtitan_ablate; torchtitan's recipe reads the peer's own assets/data
 # unless told otherwise, so its data path is given too.
 export TTPEER_CORPUS="$CORPUS/train.jsonl" ATTN="${ATTN:-flex}"
-export TT_ARGS="--model.hf_assets_path $CORPUS/tokenizer --training.dataset_path $TTPEER_CORPUS ${TT_ARGS:-}"
+# scripts/peer/ttpeer_expert_load.py logs torchtitan's expert load (it loads the peer's flavors).
+export PYTHONPATH="$ROOT/scripts/peer${PYTHONPATH:+:$PYTHONPATH}"
+export TT_ARGS="--model.hf_assets_path $CORPUS/tokenizer --training.dataset_path $TTPEER_CORPUS \
+--experimental.custom_import ttpeer_expert_load ${TT_ARGS:-}"
 export OURS_ARGS="--model.tokenizer_path $CORPUS/tokenizer ${OURS_ARGS:-}"
 bash "$PEER_DIR/run_peer.sh" "$1"
 rc=$?
