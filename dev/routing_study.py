@@ -235,6 +235,9 @@ TRAIN_RUNS = {
     "ours": ("ours", "own", "own", 0.0, 1e-3),
     "ours_before_aux": ("ours", 0.02, 0.02, 1e-3, 0.0),
     "ours_aux": ("ours", "own", "own", 1e-3, 0.0),
+    "tt_none": ("tt", "own", "own", 0.0, 0.0),  # torchtitan 0.2.2's Qwen3 as it trains
+    "ours_none": ("ours", "own", "own", 0.0, 0.0),
+    "ours_1e-4": ("ours", "own", "own", 0.0, 1e-4),
 }
 
 

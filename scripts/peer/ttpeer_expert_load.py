@@ -39,7 +39,8 @@ def _log_load(_optimizer, _args, _kwargs) -> None:
     if not _moes:
         with warnings.catch_warnings():  # the scan touches deprecated module attributes
             warnings.simplefilter("ignore")
-            models = [m for m in gc.get_objects() if isinstance(m, Qwen3Model)]
+            # type(), not isinstance(): a dead weakref proxy raises on __class__.
+            models = [m for m in gc.get_objects() if issubclass(type(m), Qwen3Model)]
         _moes.extend(b.moe for m in models for b in m.layers.values() if b.moe_enabled)
         _last.extend(torch.zeros_like(m.tokens_per_expert) for m in _moes)
         _pending.extend(torch.zeros_like(m.tokens_per_expert) for m in _moes)

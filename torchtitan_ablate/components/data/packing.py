@@ -70,9 +70,18 @@ class PackedDataset(IterableDataset):
         self.eos_id, self.pad_id = eos_id, pad_id
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
         self.sharding, self.local_batch_size = sharding, local_batch_size
-        # Carry-over of greedy packing: tokens not yet emitted and their running document counter.
+        # Carry-over of greedy packing: tokens not yet emitted (less than a window, or an old
+        # checkpoint's longer buffer), [document number, token count] runs over them, and the
+        # document they are drawn from with the source's state from before it was read. A long
+        # document is drawn a window at a time and never enters the loader state: the state a
+        # worker sends the main process with every batch stays a few KB (a 200k-token document
+        # in it cost the training process ~70 ms of CPU per batch).
         self.buffer: list[int] = []
-        self.buffer_docs: list[int] = []
+        self.buffer_runs: list[list[int]] = []
+        self.current: list[int] = []
+        self.current_pos = 0
+        self.before_current: dict[str, Any] | None = None
+        self.reread_pos: int | None = None  # a loaded state's position in its current document
         self.docs_seen = 0
         self.rows_seen = 0  # rows sharding: index of the next row in the global row sequence
 
@@ -107,18 +116,25 @@ class PackedDataset(IterableDataset):
     def _greedy(self) -> Iterator[dict[str, torch.Tensor]]:
         window = self.seq_len + 1
         docs = iter(self.source)
+        if self.reread_pos is not None:  # a loaded state: read its current document again
+            self.before_current = self.source.state_dict()
+            self.current, self.current_pos = next(docs) + [self.eos_id], self.reread_pos
+            self.reread_pos = None
         while True:
             while len(self.buffer) < window:
-                doc = next(docs) + [self.eos_id]
-                self.buffer += doc
-                self.buffer_docs += [self.docs_seen] * len(doc)
-                self.docs_seen += 1
+                if self.current_pos == len(self.current):
+                    self.before_current = self.source.state_dict()
+                    self.current, self.current_pos = next(docs) + [self.eos_id], 0
+                    self.docs_seen += 1
+                take = self.current[self.current_pos : self.current_pos + window - len(self.buffer)]
+                self.current_pos += len(take)
+                self.buffer += take
+                _add_run(self.buffer_runs, self.docs_seen - 1, len(take))
             tokens = torch.tensor(self.buffer[:window])
-            doc_ids = torch.tensor(self.buffer_docs[: self.seq_len])
+            doc_ids = _run_ids(self.buffer_runs, self.seq_len)
             # Keep the window's last token: it is the first input of the next row.
             self.buffer = self.buffer[self.seq_len :]
-            self.buffer_docs = self.buffer_docs[self.seq_len :]
-            doc_ids -= doc_ids[0].clone()
+            _drop_runs(self.buffer_runs, self.seq_len)
             yield {
                 "input_ids": tokens[:-1],
                 "labels": tokens[1:],
@@ -145,10 +161,19 @@ class PackedDataset(IterableDataset):
             }
 
     def state_dict(self) -> dict[str, Any]:
+        if self.reread_pos is not None:  # loaded, not iterated yet: the loaded state as it was
+            source, current_pos = self.source.state_dict(), self.reread_pos
+        elif self.current_pos < len(self.current):
+            # Mid-document: the source as it was before that document, which a resume reads
+            # again from `current_pos` on.
+            source, current_pos = self.before_current, self.current_pos
+        else:
+            source, current_pos = self.source.state_dict(), None
         return {
-            "source": self.source.state_dict(),
+            "source": source,
+            "current_pos": current_pos,
             "buffer": list(self.buffer),
-            "buffer_docs": list(self.buffer_docs),
+            "buffer_runs": [list(r) for r in self.buffer_runs],
             "docs_seen": self.docs_seen,
             "rows_seen": self.rows_seen,
             "sharding": self.sharding,
@@ -167,9 +192,41 @@ class PackedDataset(IterableDataset):
                 stacklevel=2,
             )
         self.source.load_state_dict(state["source"])
-        self.buffer, self.buffer_docs = list(state["buffer"]), list(state["buffer_docs"])
+        self.buffer = list(state["buffer"])
+        if "buffer_runs" in state:
+            self.buffer_runs = [list(r) for r in state["buffer_runs"]]
+        else:  # a state that kept one document number per buffered token
+            self.buffer_runs = []
+            for doc in state["buffer_docs"]:
+                _add_run(self.buffer_runs, doc, 1)
+        self.current, self.current_pos = [], 0
+        self.reread_pos = state.get("current_pos")
         self.docs_seen = state["docs_seen"]
         self.rows_seen = state.get("rows_seen", 0)  # absent in checkpoints before it existed
+
+
+def _add_run(runs: list[list[int]], doc: int, count: int) -> None:
+    if runs and runs[-1][0] == doc:
+        runs[-1][1] += count
+    elif count:
+        runs.append([doc, count])
+
+
+def _drop_runs(runs: list[list[int]], count: int) -> None:
+    """Removes the first `count` tokens from the runs."""
+    while count and runs:
+        take = min(count, runs[0][1])
+        runs[0][1] -= take
+        count -= take
+        if not runs[0][1]:
+            runs.pop(0)
+
+
+def _run_ids(runs: list[list[int]], length: int) -> torch.Tensor:
+    """Segment ids 0, 1, ... of the first `length` tokens of the runs."""
+    counts = torch.tensor([c for _, c in runs])
+    ids = torch.repeat_interleave(torch.arange(len(runs)), counts)[:length]
+    return ids
 
 
 def shard_for_this_worker(

@@ -293,3 +293,49 @@ def test_trainer_exits_2_with_one_line_for_a_missing_dataset(tmp_path: Path) -> 
     assert r.stderr.strip().splitlines() == [
         "config error: training.dataset_path = '/nonexistent/x.jsonl': no such file or folder"
     ]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_long_document_stays_out_of_the_loader_state(tmp_path: Path, num_workers: int) -> None:
+    # A document of ~60 windows between short ones: its tokens are drawn a window at a time, so
+    # the state a worker sends with every batch stays small, and a resume in its middle reads it
+    # again and continues exactly.
+    long_doc = "".join(chr(97 + i % 26) for i in range(1000))
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS[:2] + [long_doc] + DOCS[2:])
+    kw = dict(num_workers=num_workers, data_sharding="rows")
+    first = loader(path, **kw)
+    it = iter(first)
+    take(it, 6)  # rows 0-11: well inside the long document
+    state = first.state_dict()
+    assert len(repr(state)) < 3000, len(repr(state))
+    expected = take(it, 40)  # through the end of the long document and beyond
+    resumed = loader(path, **kw)
+    resumed.load_state_dict(state)
+    assert_same_rows(expected, take(iter(resumed), 40))
+    # The same rows as a run that never stopped, from the start.
+    assert_same_rows(rows(loader(path, **kw), 92)[12:], rows(expected, 80))
+
+
+def test_a_state_with_one_document_number_per_token_still_resumes(tmp_path: Path) -> None:
+    # Checkpoints of earlier versions kept the whole carried-over buffer with a document number
+    # per token ("buffer_docs"); they resume to the same rows.
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS)
+    first = loader(path)
+    it = iter(first)
+    take(it, 2)
+    state = first.state_dict()
+    expected = take(it, 3)
+    dataset = state["dataset_state"]
+    buffer, doc_of = dataset.pop("buffer"), dataset.pop("buffer_runs")
+    doc_of = [doc for doc, count in doc_of for _ in range(count)]
+    pos = dataset.pop("current_pos")
+    if pos is not None:  # the old buffer held the rest of the document being drawn from
+        source = loader(path).dataset.source
+        source.load_state_dict(dataset["source"])
+        rest = (next(iter(source)) + [EOS])[pos:]
+        buffer, doc_of = buffer + rest, doc_of + [dataset["docs_seen"] - 1] * len(rest)
+        dataset["source"] = source.state_dict()
+    dataset |= {"buffer": buffer, "buffer_docs": doc_of}
+    resumed = loader(path)
+    resumed.load_state_dict(state)
+    assert_same_rows(expected, take(iter(resumed), 3))
