@@ -12,8 +12,9 @@ so the bias stays 0 there: this shows it).
     [ttpeer_load] step 10 expert_load_imbalance 2.114 max_over_mean [...] max|expert_bias| 0.00e+00
 
 A global optimizer pre-hook, so torchtitan's code stays as shipped; it runs before any hook of
-torchtitan's own (which may reset the counts) and again for each inner optimizer, where no new
-counts have arrived (skipped). Every rank runs it, so the all-reduce matches on all of them.
+torchtitan's own (which may reset the counts), at the OptimizersContainer's step only (not again
+for the optimizers inside it); no host sync except on printed steps. Every rank runs it, so the
+all-reduce matches on all of them.
 """
 
 import gc
@@ -32,11 +33,15 @@ _moes: list[MoE] = []
 _last: list[torch.Tensor] = []
 _pending: list[torch.Tensor] = []
 _step = 0
+_scanned = False
 
 
-def _log_load(_optimizer, _args, _kwargs) -> None:
-    global _step
-    if not _moes:
+def _log_load(optimizer, _args, _kwargs) -> None:
+    global _step, _scanned
+    if not hasattr(optimizer, "optimizers"):
+        return  # an optimizer inside torchtitan's OptimizersContainer: counted at the container
+    if not _scanned:  # once: a dense model has none, and the scan costs a step's time
+        _scanned = True
         with warnings.catch_warnings():  # the scan touches deprecated module attributes
             warnings.simplefilter("ignore")
             # type(), not isinstance(): a dead weakref proxy raises on __class__.
@@ -49,12 +54,9 @@ def _log_load(_optimizer, _args, _kwargs) -> None:
     new = []
     for i, moe in enumerate(_moes):
         now = moe.tokens_per_expert.detach().clone()
-        if bool((now < _last[i]).any()):  # reset by a hook of torchtitan's since last time
-            _last[i] = torch.zeros_like(now)
-        new.append(now - _last[i])
+        reset = (now < _last[i]).any()  # by a hook of torchtitan's since last time
+        new.append(now - torch.where(reset, torch.zeros_like(now), _last[i]))
         _last[i] = now
-    if float(sum(n.sum() for n in new)) == 0.0:
-        return  # an inner optimizer of the same step
     _step += 1
     for i, n in enumerate(new):
         _pending[i] += n
