@@ -104,7 +104,7 @@ class Trainer:
             initial_load_format=config.checkpoint.initial_load_format,
             load_step=config.checkpoint.load_step,
             training_steps=config.training.steps,
-            settings=run_settings(config, layout.sequences_per_step),
+            settings=run_settings(config, layout.sequences_per_step, layout.model_args),
             dataloader_state_shared=state_same_on_every_rank(
                 config.training.data_sharding, config.training.num_workers
             ),
