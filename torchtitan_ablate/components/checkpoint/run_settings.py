@@ -102,13 +102,13 @@ def run_settings(
 def checked_record(path: str, keys: set[str], current: dict[str, Any]) -> dict[str, Any] | None:
     """The record of the checkpoint at `path` (whose entries are `keys`), once `refusal` let the
     resume go on (else ConfigError); None, with a warning, when the checkpoint records none."""
-    if "settings.pickle" not in keys:
+    saved = read_record(path) if "settings.pickle" in keys else None
+    if not isinstance(saved, dict):
         logger.warning(
             f"checkpoint {path} records no settings (an older version saved it): this run's "
             "settings apply; what changed cannot be listed, nor its model and data checked"
         )
         return None
-    saved = read_record(path)
     line = refusal(saved, current, path)
     if line is not None:
         raise ConfigError(line)
