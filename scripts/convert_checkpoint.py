@@ -6,10 +6,13 @@
 
 --to hf   DCP_DIR is a training checkpoint (`<dump_folder>/checkpoint/step-N`, only the model
           entries are read) or a model-only DCP folder. The sizes come from --flavor (a flavor
-          name, or a folder / config.json of an HF model), else from the run's config.toml found
-          next to the checkpoint (`<dump_folder>/config.toml`), else from a config.json inside
-          DCP_DIR. LoRA adapters are merged into the base weights ((alpha / r) * B @ A, alpha
-          from the run's [lora] section or --lora_alpha). Writes config.json + model.safetensors
+          name, or a folder / config.json of an HF model), else from what the checkpoint records
+          of the run that made it (its model sizes, [lora] and weights' source), else (a
+          checkpoint that records none) from the run's config.toml next to it
+          (`<dump_folder>/config.toml`, which the latest launch wrote: a warning says so), else
+          from a config.json inside DCP_DIR. LoRA adapters are merged into the base weights
+          ((alpha / r) * B @ A, alpha as recorded; --lora_alpha for a checkpoint that records
+          none, a config.toml's [lora] otherwise). Writes config.json + model.safetensors
           (sharded with an index above --max_shard_gib) that transformers' from_pretrained loads;
           the tokenizer files of the run's HF starting point are copied when known.
           --peft PEFT_DIR also writes the adapters unmerged in Hugging Face PEFT's layout
@@ -39,7 +42,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from torchtitan_ablate.components.checkpoint.hf import SafetensorsFolder, save_hf_checkpoint
-from torchtitan_ablate.components.checkpoint.offline_weights import find_run_toml, read_dcp_model
+from torchtitan_ablate.components.checkpoint.offline_weights import (
+    find_run_toml,
+    read_dcp_model,
+    recorded_args,
+    recorded_settings,
+)
 from torchtitan_ablate.components.checkpoint.peft_export import save_peft_adapters
 from torchtitan_ablate.config.job_config import Model
 from torchtitan_ablate.models.common.lora import merge_lora_state_dict
@@ -51,10 +59,25 @@ from torchtitan_ablate.models.registry import (
 )
 
 
-def find_run_config(dcp_dir: Path) -> dict | None:
-    """The config.toml of the run that wrote dcp_dir, parsed (None when there is none)."""
-    toml = find_run_toml(dcp_dir)
-    return None if toml is None else tomllib.loads(toml.read_text())
+def what_made(dcp_dir: Path, flavor: str | None) -> tuple[dict[str, Any], Any, bool]:
+    """(the settings of the run that wrote dcp_dir as "section.key" -> value, the model sizes,
+    whether the checkpoint recorded them): its record, else its run's config.toml, said on
+    stderr (the latest launch wrote it, maybe not this checkpoint's), else nothing."""
+    record = recorded_settings(dcp_dir)
+    if record is not None:
+        args = recorded_args(record) if flavor is None else resolve_args(flavor, record, dcp_dir)
+        return record, args, True
+    toml, run = find_run_toml(dcp_dir), {}
+    if toml is not None:
+        print(
+            f"convert_checkpoint: warning: {dcp_dir} records no model settings (a model-only "
+            f"checkpoint, or an older version saved it): read from {toml}, which the run's "
+            "latest launch wrote",
+            file=sys.stderr,
+        )
+        for section, body in tomllib.loads(toml.read_text()).items():
+            run.update({f"{section}.{k}": v for k, v in body.items()})
+    return run, resolve_args(flavor, run, dcp_dir), False
 
 
 def _hf_args(path: Path) -> Any:
@@ -68,13 +91,12 @@ def _hf_args(path: Path) -> Any:
         raise ValueError(f"{path}: the HF config lacks {e}; is it the model it names?") from None
 
 
-def resolve_args(flavor: str | None, run: dict | None, dcp_dir: Path) -> Any:
+def resolve_args(flavor: str | None, run: dict[str, Any], dcp_dir: Path) -> Any:
     """The model sizes (in the family's args class): a flavor of the run's model.name (default
-    the config's), an HF folder or config.json, or the DCP folder's config.json."""
-    model = (run or {}).get("model", {})
-    ckpt = (run or {}).get("checkpoint", {})
-    name = flavor or model.get("flavor")
-    flavors = get_spec(model.get("name", Model.name)).flavors
+    the config's), an HF folder or config.json, or the DCP folder's config.json; with the run's
+    model.vocab_size, n_layers and num_experts overrides ("section.key" in `run`)."""
+    name = flavor or run.get("model.flavor")
+    flavors = get_spec(run.get("model.name", Model.name)).flavors
     if name in flavors:
         args = flavors[name]
     elif name and name != "auto":
@@ -85,8 +107,8 @@ def resolve_args(flavor: str | None, run: dict | None, dcp_dir: Path) -> Any:
                 "existing HF folder / config.json"
             )
         args = _hf_args(Path(name))
-    elif name == "auto" and ckpt.get("initial_load_path"):
-        args = _hf_args(Path(ckpt["initial_load_path"]))
+    elif name == "auto" and run.get("checkpoint.initial_load_path"):
+        args = _hf_args(Path(run["checkpoint.initial_load_path"]))
     elif (dcp_dir / "config.json").is_file():
         args = _hf_args(dcp_dir)
     else:
@@ -94,33 +116,35 @@ def resolve_args(flavor: str | None, run: dict | None, dcp_dir: Path) -> Any:
             f"cannot tell the model sizes of {dcp_dir}: pass --flavor (a flavor name or an HF "
             "folder / config.json), or keep the run's config.toml next to the checkpoint"
         )
-    if model.get("vocab_size", -1) > 0:
-        args = dataclasses.replace(args, vocab_size=model["vocab_size"])
-    return args
+    overrides = {k: run.get(f"model.{k}", -1) for k in ("vocab_size", "n_layers", "num_experts")}
+    return dataclasses.replace(args, **{k: v for k, v in overrides.items() if v != -1})
 
 
 def to_hf(dcp_dir: Path, out_dir: Path, flavor: str | None, dtype: str | None,
           max_shard_gib: float, lora_alpha: float | None,
           peft_dir: Path | None = None) -> list[str]:  # fmt: skip
-    run = find_run_config(dcp_dir)
-    args = resolve_args(flavor, run, dcp_dir)
+    run, args, recorded = what_made(dcp_dir, flavor)
     state = read_dcp_model(dcp_dir, args)
-    lora = (run or {}).get("lora", {})
-    ckpt = (run or {}).get("checkpoint", {})
     has_adapters = any(".lora_" in k for k in state)
-    if has_adapters or peft_dir is not None:
-        alpha = lora_alpha if lora_alpha is not None else lora.get("alpha")
-        if alpha is None and has_adapters:
-            raise ValueError(
-                "the checkpoint holds LoRA adapters: pass --lora_alpha (no config.toml)"
-            )
+    alpha = run.get("lora.alpha")
+    if recorded and None not in (alpha, lora_alpha) and alpha != lora_alpha:
+        raise ValueError(
+            f"--lora_alpha {lora_alpha:g}: {dcp_dir} was trained with lora.alpha = {alpha:g}, "
+            "which its export uses; drop --lora_alpha"
+        )
+    alpha = lora_alpha if lora_alpha is not None else alpha
+    if alpha is None and has_adapters:
+        raise ValueError(
+            "the checkpoint holds LoRA adapters and records no lora.alpha: pass --lora_alpha"
+        )
+    initial = run.get("checkpoint.initial_load_path")
     if peft_dir is not None:  # before the merge, which drops the adapters
 
         def save_peft(tmp: Path) -> list[str]:
             return save_peft_adapters(
                 state, tmp, state_dict_adapter(args), alpha=float(alpha or 0),
-                dropout=float(lora.get("dropout", 0.0)),
-                base_model=ckpt.get("initial_load_path") or None, is_moe=args.num_experts > 0,
+                dropout=float(run.get("lora.dropout", 0.0)),
+                base_model=initial or None, is_moe=args.num_experts > 0,
                 dtype=getattr(torch, dtype) if dtype else None,
             )  # fmt: skip
 
@@ -128,7 +152,7 @@ def to_hf(dcp_dir: Path, out_dir: Path, flavor: str | None, dtype: str | None,
     try:
         if has_adapters:
             state = merge_lora_state_dict(state, float(alpha))
-        source = ckpt.get("initial_load_path") if ckpt.get("initial_load_format") == "hf" else None
+        source = initial if run.get("checkpoint.initial_load_format") == "hf" else None
         if source and not (Path(source) / "config.json").is_file():
             source = None
         if source is None and (dcp_dir / "config.json").is_file():
@@ -187,7 +211,7 @@ def main(argv: list[str] | None = None) -> list[str]:
     p.add_argument("--flavor", help="flavor name, or an HF folder / config.json (--to hf)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="--to hf dtype")
     p.add_argument("--max_shard_gib", type=float, default=5.0)
-    p.add_argument("--lora_alpha", type=float, help="LoRA alpha when no config.toml is found")
+    p.add_argument("--lora_alpha", type=float, help="LoRA alpha of a checkpoint recording none")
     p.add_argument("--peft", type=Path, metavar="PEFT_DIR", help="also the adapters, PEFT layout")
     a = p.parse_args(argv)
     if a.peft is not None and (a.to != "hf" or a.peft.resolve() == a.out.resolve()):

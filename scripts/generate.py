@@ -7,10 +7,12 @@
 CHECKPOINT  a DCP folder written by training (`<dump_folder>/checkpoint/step-N`; only the model
             entries are read, LoRA adapters are merged) or by convert_checkpoint.py --to dcp, or
             an HF folder (config.json + *.safetensors).
-Model sizes: an HF folder's config.json; for DCP, --config, else the run's config.toml next to
-            the checkpoint (`<dump_folder>/config.toml`), else a config.json inside CHECKPOINT.
-Tokenizer:  --tokenizer, else model.tokenizer_path of that config.toml, else the tokenizer files
-            inside CHECKPOINT (an HF folder's tokenizer.json).
+Model sizes: an HF folder's config.json; for DCP, --config, else what the checkpoint records of
+            the run that made it (sizes, [lora], tokenizer path), else (a checkpoint recording
+            none) the run's config.toml next to it (`<dump_folder>/config.toml`, which the
+            latest launch wrote: a warning says so), else a config.json inside CHECKPOINT.
+Tokenizer:  --tokenizer, else the run's model.tokenizer_path (from the same source), else the
+            tokenizer files inside CHECKPOINT (an HF folder's tokenizer.json).
 Decoding:   greedy by default; --temperature T > 0 samples, --top-p P keeps the smallest set of
             most likely tokens whose probability reaches P, --seed repeats a draw. Stops at the
             tokenizer's end-of-text token or after --max-new-tokens. The text goes to stdout,
@@ -20,6 +22,7 @@ Decoding:   greedy by default; --temperature T > 0 samples, --top-p P keeps the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 import warnings
@@ -30,9 +33,14 @@ import torch
 from torch import nn
 
 from torchtitan_ablate.components.checkpoint.hf import load_hf_weights
-from torchtitan_ablate.components.checkpoint.offline_weights import find_run_toml, read_dcp_model
+from torchtitan_ablate.components.checkpoint.offline_weights import (
+    find_run_toml,
+    read_dcp_model,
+    recorded_args,
+    recorded_settings,
+)
 from torchtitan_ablate.components.text.tokenizer import Tokenizer, build_tokenizer
-from torchtitan_ablate.config import ConfigError, JobConfig, load_config
+from torchtitan_ablate.config import ConfigError, load_config
 from torchtitan_ablate.models.common.lora import merge_lora_state_dict
 from torchtitan_ablate.models.registry import (
     get_spec,
@@ -42,17 +50,29 @@ from torchtitan_ablate.models.registry import (
 )
 
 
-def dcp_sizes(dcp_dir: Path, config: Path | None) -> tuple[Any, JobConfig | None]:
-    """Model sizes of a DCP checkpoint and the run's config (None when sizes come from a
-    config.json): the same path from [model] to sizes as training takes."""
+def dcp_sizes(dcp_dir: Path, config: Path | None) -> tuple[Any, dict[str, Any] | None]:
+    """Model sizes of a DCP checkpoint and the run's settings as "section.key" -> value (None
+    when the sizes come from a config.json): --config, else the checkpoint's record, else the
+    run's config.toml (a config takes the same path from [model] to sizes as training)."""
+    record = None if config is not None else recorded_settings(dcp_dir)
+    if record is not None:
+        return recorded_args(record), record
     toml = config or find_run_toml(dcp_dir)
     if toml is not None:
+        if config is None:
+            print(
+                f"generate: warning: {dcp_dir} records no model settings (a model-only "
+                f"checkpoint, or an older version saved it): read from {toml}, which the run's "
+                "latest launch wrote",
+                file=sys.stderr,
+            )
         job = load_config(["--job.config_file", str(toml)])
         spec = get_spec(job.model.name)
         args = spec.build_args(
             job.model, job.training.seq_len, job.checkpoint.initial_load_path, False
         )
-        return args, job
+        sections = dataclasses.asdict(job).items()
+        return args, {f"{s}.{k}": v for s, body in sections for k, v in body.items()}
     if (dcp_dir / "config.json").is_file():
         return hf_model_args(dcp_dir), None
     raise ValueError(
@@ -73,20 +93,20 @@ def empty_model(args: Any, device: torch.device) -> nn.Module:
 
 def load_model(
     checkpoint: Path, config: Path | None, device: torch.device
-) -> tuple[nn.Module, JobConfig | None]:
-    """The model of a DCP or HF folder (float32, eval mode) and the run's config if known."""
+) -> tuple[nn.Module, dict[str, Any] | None]:
+    """The model of a DCP or HF folder (float32, eval mode) and the run's settings if known."""
     if not checkpoint.is_dir():
         raise ValueError(f"{checkpoint}: no such folder (give a checkpoint/step-N or HF folder)")
     if (checkpoint / ".metadata").is_file():
-        args, job = dcp_sizes(checkpoint, config)
+        args, settings = dcp_sizes(checkpoint, config)
         with warnings.catch_warnings():
             # One process by design (no_dist=True); DCP still warns about it on every call.
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             state = read_dcp_model(checkpoint, args)
         if any(".lora_" in k for k in state):
-            if job is None:
+            if settings is None or settings.get("lora.alpha") is None:
                 raise ValueError(f"{checkpoint} holds LoRA adapters: pass --config for [lora]")
-            state = merge_lora_state_dict(state, job.lora.alpha)
+            state = merge_lora_state_dict(state, settings["lora.alpha"])
         for alias, source in state_dict_adapter(args).tied_keys().items():
             state[alias] = state[source]
         model = empty_model(args, device)
@@ -94,7 +114,7 @@ def load_model(
     elif (checkpoint / "config.json").is_file():
         if config is not None:
             print("generate: warning: --config has no effect on an HF folder", file=sys.stderr)
-        job = None
+        settings = None
         model = empty_model(hf_model_args(checkpoint), device)
         load_hf_weights(model.state_dict(), checkpoint)  # fills the parameters in place
     else:
@@ -102,12 +122,14 @@ def load_model(
             f"{checkpoint} is neither a DCP checkpoint (no .metadata) nor an HF folder (no "
             "config.json)"
         )
-    return model.eval(), job
+    return model.eval(), settings
 
 
-def load_tokenizer(path: str | None, checkpoint: Path, job: JobConfig | None) -> Tokenizer:
+def load_tokenizer(
+    path: str | None, checkpoint: Path, settings: dict[str, Any] | None
+) -> Tokenizer:
     if path is None:
-        path = job.model.tokenizer_path if job is not None else str(checkpoint)
+        path = settings["model.tokenizer_path"] if settings is not None else str(checkpoint)
     try:
         return build_tokenizer(path)
     except ConfigError as e:
@@ -140,12 +162,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run(a: argparse.Namespace) -> str:
     """Loads, generates and returns the prompt with its continuation."""
-    model, job = load_model(a.checkpoint, a.config, torch.device(a.device))
+    model, settings = load_model(a.checkpoint, a.config, torch.device(a.device))
     spec = spec_for_args(model.args)
     if spec.generate is None:
         raise ValueError(f"model family {spec.name!r} has no decoder (ModelSpec.generate)")
     model.to(getattr(torch, a.dtype))
-    tokenizer = load_tokenizer(a.tokenizer, a.checkpoint, job)
+    tokenizer = load_tokenizer(a.tokenizer, a.checkpoint, settings)
     if tokenizer.vocab_size > model.args.vocab_size:
         raise ValueError(
             f"the tokenizer has {tokenizer.vocab_size} tokens, the model {model.args.vocab_size}: "

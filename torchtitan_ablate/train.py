@@ -69,8 +69,6 @@ class Trainer:
         pd = self.parallel_dims = layout.parallel_dims
         self.model_args, self.grad_accum = layout.model_args, layout.grad_accum
         self.is_writer = torch.distributed.get_rank() == 0
-        if self.is_writer:
-            write_config(config, os.path.join(config.job.dump_folder, "config.toml"))
         if config.training.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
 
@@ -104,7 +102,7 @@ class Trainer:
             initial_load_format=config.checkpoint.initial_load_format,
             load_step=config.checkpoint.load_step,
             training_steps=config.training.steps,
-            settings=run_settings(config, layout.sequences_per_step),
+            settings=run_settings(config, layout.sequences_per_step, layout.model_args),
             dataloader_state_shared=state_same_on_every_rank(
                 config.training.data_sharding, config.training.num_workers
             ),
@@ -178,6 +176,8 @@ class Trainer:
     def train(self) -> list[dict]:
         config = self.config
         self.step = self.checkpointer.load()
+        if self.is_writer:  # only once the run starts: its config and resume checks passed
+            write_config(config, os.path.join(config.job.dump_folder, "config.toml"))
         if self.step:
             logger.info(f"resumed from step {self.step}")
         elif self.run.reference is not None:  # DPO: the reference starts from the loaded weights

@@ -9,7 +9,12 @@ from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
 
 
 def one_model_manager(
-    folder: Path, model: nn.Module, opt: Any, sched: Any, settings: dict | None = None
+    folder: Path,
+    model: nn.Module,
+    opt: Any,
+    sched: Any,
+    settings: dict | None = None,
+    dataloader: Any | None = None,
 ) -> CheckpointManager:
     return CheckpointManager(
         folder=str(folder),
@@ -19,6 +24,6 @@ def one_model_manager(
         model_parts=[model],
         optimizers=[opt],
         lr_schedulers=[sched],
-        dataloader=None,
+        dataloader=dataloader,
         settings=settings,
     )

@@ -1,6 +1,8 @@
 """scripts/convert_checkpoint.py: bad inputs are one line and exit code 2, and a failed
 conversion leaves no output folder behind."""
 
+import dataclasses
+import json
 import os
 import shutil
 import sys
@@ -10,6 +12,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from torchtitan_ablate.config import load_config, to_toml
 from torchtitan_ablate.models.qwen3 import Qwen3StateDictAdapter, qwen3_flavors
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
@@ -98,3 +101,28 @@ def test_the_output_folder_has_the_usual_permissions(debug_dcp, tmp_path):
     out = tmp_path / "out"
     convert_checkpoint.main(["--to", "hf", str(debug_dcp), str(out), "--flavor", "debugmodel"])
     assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's 0700
+
+
+@pytest.mark.parametrize(
+    "flavor, key, value, hf_key",
+    [("debugmodel", "n_layers", 2, "num_hidden_layers"), ("debugmodel_moe", "num_experts", 4,
+     "num_experts")],
+)  # fmt: skip
+def test_a_checkpoint_without_a_record_takes_the_runs_overrides(
+    tmp_path, capsys, flavor, key, value, hf_key
+):
+    """A model-only step-0 (a seed checkpoint records no settings) of a run with model.n_layers
+    or num_experts overridden: the sizes come from the run's config.toml, with all its
+    overrides (before: only vocab_size), and a warning says where they came from."""
+    step = tmp_path / "run" / "checkpoint" / "step-0"
+    shapes = Qwen3StateDictAdapter(
+        dataclasses.replace(qwen3_flavors[flavor], **{key: value})
+    ).native_shapes()
+    dcp.save({k: torch.zeros(s) for k, s in shapes.items()}, checkpoint_id=str(step), no_dist=True)
+    config = load_config(["--model.flavor", flavor, f"--model.{key}", str(value)])
+    (tmp_path / "run" / "config.toml").write_text(to_toml(config))
+    convert_checkpoint.main(["--to", "hf", str(step), str(tmp_path / "hf")])
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())[hf_key] == value
+    (warning,) = capsys.readouterr().err.strip().splitlines()
+    assert warning.startswith(f"convert_checkpoint: warning: {step} records no model settings")
+    assert f"read from {tmp_path / 'run' / 'config.toml'}, which the run's latest" in warning

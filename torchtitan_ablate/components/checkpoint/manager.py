@@ -3,8 +3,9 @@
 Layout: `<folder>/step-<N>/` is one DCP checkpoint. Its state dict holds
   - the model's FQNs at the top level (so a model-only checkpoint is just the model state dict),
   - `optimizer` (flattened, FQN-keyed: reshards across N -> M ranks),
-  - `lr_scheduler` (its step only), `step`, `settings` (the config keys of run_settings.py, to
-    say what a resume changes) and each extra state the trainer registers (same on every rank),
+  - `lr_scheduler` (its step only), `step`, `settings` (what made the checkpoint: model, data,
+    optimizer keys, run_settings.py; read first on resume) and each extra state the trainer
+    registers (same on every rank),
   - `dataloader.rank<r>` and `rng.rank<r>` (one per rank: each rank's data and RNG differ).
     A checkpoint of another world size restores neither, except the data loader when its state
     is the same on every rank (rows sharding): then every rank loads `dataloader.rank0`.
@@ -34,7 +35,11 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from torchtitan_ablate.components.checkpoint import folder as ckpt_dir
 from torchtitan_ablate.components.checkpoint.hf import load_hf_weights
-from torchtitan_ablate.components.checkpoint.run_settings import describe_changes
+from torchtitan_ablate.components.checkpoint.run_settings import (
+    checked_record,
+    data_changed,
+    describe_changes,
+)
 from torchtitan_ablate.components.checkpoint.state import (
     Damaged,
     Mismatch,
@@ -92,30 +97,26 @@ class CheckpointManager:
         """dataloader_state_shared: the loader's state is the same on every rank at a step
         boundary (rows sharding, <= 1 worker), so it resumes from rank 0's at any world size.
         training_steps: the run's last step, to warn when the resumed step leaves nothing to do.
-        settings: this run's settings (run_settings.run_settings), recorded in each checkpoint;
-        on resume the ones that differ are logged, one line each."""
+        settings: this run's record (run_settings.run_settings), saved in each checkpoint; a
+        resume refuses another model, LoRA or tokenizer, restarts the data when it is other
+        data and logs every other difference, one line each."""
         if enable and interval <= 0:
             raise ValueError(f"checkpoint interval must be > 0, got {interval}")
         self.states = dict(states or {})
         for name in self.states:
             if name.split(".")[0] in _RESERVED:
                 raise ValueError(f"checkpoint state name {name!r} is reserved ({_RESERVED})")
-        self.folder = folder
-        self.enable = enable
-        self.interval = interval
+        self.folder, self.enable, self.interval = folder, enable, interval
         self.keep_latest_k = keep_latest_k
         if initial_load_format not in ("dcp", "hf"):
             raise ValueError(f"checkpoint.initial_load_format = {initial_load_format!r}: dcp or hf")
-        self.initial_load_path = initial_load_path
-        self.initial_load_format = initial_load_format
-        self.load_step = load_step
-        self.training_steps = training_steps
+        self.initial_load_path, self.initial_load_format = initial_load_path, initial_load_format
+        self.load_step, self.training_steps = load_step, training_steps
         self.model = ModelWrapper(model_parts)
         self.optimizer = OptimizerWrapper(model_parts, optimizers)
         self.lr_schedulers = Pickled(SchedulerList(lr_schedulers))
-        self.settings = None if settings is None else Record(settings)
-        self.dataloader = dataloader
-        self.dataloader_state_shared = dataloader_state_shared
+        self.settings = None if settings is None else Record(settings)  # .value: this run's
+        self.dataloader, self.dataloader_state_shared = dataloader, dataloader_state_shared
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         if enable:
@@ -258,13 +259,9 @@ class CheckpointManager:
     def _states(self, step: int, for_load: bool, saved_ranks: set[int] | None = None) -> dict:
         """Everything but the model. On load, per-rank entries are only asked for when the
         checkpoint was written by the same number of ranks (else they would not mean the same)."""
-        states: dict[str, Any] = {
-            "optimizer": self.optimizer,
-            "lr_scheduler": self.lr_schedulers,
-            "step": step,
-            **self.states,
-        }
-        if self.settings is not None:
+        states = {"optimizer": self.optimizer, "lr_scheduler": self.lr_schedulers, "step": step}
+        states.update(self.states)
+        if self.settings is not None and not for_load:  # a load reads it first: checked_record
             states["settings"] = Pickled(self.settings)
         if not for_load or saved_ranks == set(range(self.world_size)):
             states[f"rng.rank{self.rank}"] = Pickled(RNGState())
@@ -282,6 +279,8 @@ class CheckpointManager:
 
     def _load_full(self, path: str, step: int) -> None:
         keys = saved_keys(path)
+        current = None if self.settings is None else self.settings.value
+        saved = None if current is None else checked_record(path, keys, current)  # refuses
         saved_ranks = {int(m.group(1)) for k in keys if (m := re.match(r"rng\.rank(\d+)\.", k))}
         state = {**self.model.state_dict(), **self._states(step, True, saved_ranks)}
         if "dataloader.rank0" in state and f"rng.rank{self.rank}" not in state:
@@ -298,12 +297,9 @@ class CheckpointManager:
         elif self.dataloader is not None and f"dataloader.rank{self.rank}.pickle" not in keys:
             state.pop(f"dataloader.rank{self.rank}", None)
             logger.warning(f"checkpoint {path} has no data loader state: data restarts")
-        if "settings" in state and "settings.pickle" not in keys:
-            state.pop("settings")
-            logger.warning(
-                f"checkpoint {path} records no settings (an older version saved it): this run's "
-                "optimizer and LR schedule settings apply; what changed cannot be listed"
-            )
+        restart = saved is not None and data_changed(saved, current)
+        for name in (f"dataloader.rank{self.rank}", "dataloader.rank0") if restart else ():
+            state.pop(name, None)  # its position points into data that is gone
         for name in self.states:  # a state the checkpoint lacks (train_state) keeps its defaults
             if not any(k == name or k.startswith(f"{name}.") for k in keys):
                 state.pop(name)
@@ -314,7 +310,7 @@ class CheckpointManager:
         extra = [
             k
             for k in keys
-            if not k.startswith(("dataloader.", "rng."))
+            if not k.startswith(("dataloader.", "rng.", "settings."))
             and not any(".".join(k.split(".")[:i]) in state for i in range(1, k.count(".") + 2))
         ]
         if extra:
@@ -335,8 +331,10 @@ class CheckpointManager:
                 "damaged or it was saved from a diverged run"
             )
         logger.info(f"loaded checkpoint {path}")
-        if "settings" in state:
-            for line in describe_changes(self.settings.loaded, self.settings.value, step):
+        if saved is not None:
+            restored = any(k.startswith("dataloader.") for k in state)
+            gone = restart or (self.dataloader is not None and not restored)
+            for line in describe_changes(saved, current, step, gone):
                 logger.info(line)
 
 

@@ -1,6 +1,7 @@
 """The model weights of a DCP checkpoint in one process, without building the training state:
 what scripts/convert_checkpoint.py exports and scripts/generate.py samples from. A training
-checkpoint also holds optimizer, schedule and data-loader entries; only the model's are read.
+checkpoint also holds optimizer, schedule and data-loader entries; only the model's are read,
+with the record of what made it (run_settings.py): its model sizes, LoRA and tokenizer path.
 """
 
 import re
@@ -11,8 +12,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from torchtitan_ablate.components.checkpoint.run_settings import MODEL_ARGS
 from torchtitan_ablate.components.checkpoint.safe_reader import ForeignObject, SafeReader
-from torchtitan_ablate.models.registry import state_dict_adapter
+from torchtitan_ablate.components.checkpoint.state import Damaged, read_record, saved_keys
+from torchtitan_ablate.models.registry import get_spec, state_dict_adapter
 
 
 def find_run_toml(dcp_dir: Path) -> Path | None:
@@ -22,6 +25,29 @@ def find_run_toml(dcp_dir: Path) -> Path | None:
         if (parent / "config.toml").is_file():
             return parent / "config.toml"
     return None
+
+
+def recorded_settings(dcp_dir: Path) -> dict[str, Any] | None:
+    """What a training checkpoint records of the run that made it, as "section.key" -> value
+    (run_settings.py); None for one that records no model (model-only, converted, or saved by
+    an older version). Damage is left for read_dcp_model to name."""
+    try:
+        keys = saved_keys(str(dcp_dir))
+        record = read_record(str(dcp_dir)) if "settings.pickle" in keys else None
+    except Damaged:
+        return None
+    return record if isinstance(record, dict) and MODEL_ARGS in record else None
+
+
+def recorded_args(record: dict[str, Any]) -> Any:
+    """The model sizes a record holds, in its family's args class."""
+    try:
+        return get_spec(record["model.name"]).args_cls(**record[MODEL_ARGS])
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"the checkpoint records model sizes this version cannot read ({e}); give the sizes "
+            "(convert_checkpoint.py --flavor, generate.py --config)"
+        ) from None
 
 
 def check_sizes(found: dict[str, tuple[int, ...]], args: Any, dcp_dir: Path) -> None:

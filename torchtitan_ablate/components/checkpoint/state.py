@@ -151,6 +151,14 @@ class Record:
         self.loaded = state
 
 
+def read_record(path: str) -> Any:
+    """The settings record (run_settings.py) of the checkpoint at `path`, read alone (every
+    rank calls it when a process group is up); Damaged or Mismatch when it cannot be read."""
+    record = Record(None)
+    dcp_load({"settings": Pickled(record)}, path)
+    return record.loaded
+
+
 class SchedulerList:
     """The LR schedulers (one per model part) as one state: only their step is saved, the LR
     is recomputed from this run's schedule (peak LR and factors); a count mismatch is the

@@ -247,13 +247,19 @@ def _resolve_dir(path: Path) -> Path:
     raise ConfigError(f"{KEY} = {str(path)!r}: the folder holds no tokenizer file; {_ACCEPTED}")
 
 
+def tokenizer_file(path: str) -> Path | None:
+    """The file that model.tokenizer_path names (a folder's tokenizer file); None for "byte"."""
+    if path == "byte":
+        return None
+    p = Path(path)
+    return _resolve_dir(p) if p.is_dir() else p
+
+
 def build_tokenizer(path: str) -> Tokenizer:
     """Build a tokenizer from "byte" or a local file/directory (see the module docstring)."""
-    if path == "byte":
+    p = tokenizer_file(path)
+    if p is None:
         return ByteTokenizer()
-    p = Path(path)
-    if p.is_dir():
-        p = _resolve_dir(p)
     if not p.is_file():
         raise ConfigError(f"{KEY} = {path!r}: no such file or folder; {_ACCEPTED}")
     try:

@@ -1,17 +1,31 @@
 """Resuming with changed settings: the LR schedule follows this run's config and the step, every
-optimizer / schedule key is applied, and each change is stated in one log line."""
+optimizer / schedule key is applied, and each change is stated in one log line; another model,
+LoRA or tokenizer is refused in one line, and other data starts from its first document."""
 
 import logging
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from tests.helpers.checkpoints import one_model_manager
-from torchtitan_ablate.components.checkpoint.run_settings import describe_changes, run_settings
+from tests.helpers.data import BYTE, DOCS, write_jsonl
+from torchtitan_ablate.components.checkpoint.run_settings import (
+    data_changed,
+    describe_changes,
+    refusal,
+    run_settings,
+)
+from torchtitan_ablate.components.data import build_dataloader
 from torchtitan_ablate.components.optim.lr_scheduler import build_lr_scheduler
 from torchtitan_ablate.components.optim.optimizer import build_optimizer
-from torchtitan_ablate.config import JobConfig
+from torchtitan_ablate.config import ConfigError, JobConfig
+from torchtitan_ablate.models.registry import get_spec
+
+TOKENIZER = str(Path(__file__).resolve().parents[4] / "assets/tokenizer/debug.tiktoken")
+LORA = {"lora.enable": True, "lora.rank": 4, "lora.alpha": 8.0}
 
 
 def _config(**changes: object) -> JobConfig:
@@ -144,3 +158,180 @@ def test_a_checkpoint_without_settings_still_resumes_on_this_runs_settings(tmp_p
     fresh = _build(changed)
     _train(*fresh, 4)
     assert _group_settings(opt) == _group_settings(fresh[1])
+
+
+def _record(config: JobConfig) -> dict:
+    """What a trainer records for `config`: its settings with the resolved model sizes."""
+    build_args = get_spec(config.model.name).build_args
+    args = build_args(config.model, config.training.seq_len, None, False)
+    return run_settings(config, 8, args)
+
+
+@pytest.mark.parametrize(
+    "before, after, named",
+    [
+        (LORA, {**LORA, "lora.alpha": 16.0}, "with lora.alpha = 8.0, this run has 16.0: "),
+        (LORA, {**LORA, "lora.rank": 8}, "with lora.rank = 4, this run has 8: "),
+        (LORA, {**LORA, "lora.target_modules": ["q_proj"]}, "with lora.target_modules = ["),
+        (LORA, {}, "with lora.enable = True, this run has False: "),
+        ({}, LORA, "with lora.enable = False, this run has True: "),
+        ({}, {"model.n_layers": 2}, "(model.n_layers -1 -> 2, n_layers 4 -> 2): resume with "
+         "model.n_layers = -1, or"),
+        ({}, {"model.vocab_size": 3000}, "(model.vocab_size -1 -> 3000, vocab_size 2048 -> 3000)"),
+        ({}, {"model.flavor": "debugmodel_moe"}, "model.flavor 'debugmodel' -> 'debugmodel_moe'"),
+        ({}, {"model.tokenizer_path": "byte"}, "was trained with another tokenizer ("),
+    ],
+)  # fmt: skip
+def test_a_resume_that_would_change_the_model_is_refused(tmp_path, before, after, named):
+    """lora.alpha was not recorded: a resume with another one scaled the adapters silently."""
+    base = {"model.tokenizer_path": TOKENIZER}
+    model, opt, sched = _build(_config())
+    one_model_manager(tmp_path, model, opt, sched, _record(_config(**base | before))).save(1)
+    model, opt, sched = _build(_config())
+    weights = model.weight.clone()
+    manager = one_model_manager(tmp_path, model, opt, sched, _record(_config(**base | after)))
+    with pytest.raises(ConfigError) as e:
+        manager.load()
+    line = str(e.value)
+    assert line.startswith(f"checkpoint {tmp_path}/step-1 ") and named in line, line
+    assert "or start a new run in another job.dump_folder" in line and "\n" not in line
+    assert torch.equal(model.weight, weights)  # refused before anything is loaded
+
+
+def test_a_tokenizer_is_known_by_its_contents_not_its_path(tmp_path, caplog):
+    """--model.tokenizer_path changed on resume went unnoticed (the loss jumped)."""
+    copy = tmp_path / "copy.tiktoken"
+    shutil.copy(TOKENIZER, copy)
+    model, opt, sched = _build(_config())
+    saved = _record(_config(**{"model.tokenizer_path": TOKENIZER}))
+    one_model_manager(tmp_path / "ckpt", model, opt, sched, saved).save(1)
+    moved = _record(_config(**{"model.tokenizer_path": str(copy)}))
+    with caplog.at_level(logging.INFO):
+        assert one_model_manager(tmp_path / "ckpt", model, opt, sched, moved).load() == 1
+    assert _changes(caplog) == [
+        f"model changed on resume: model.tokenizer_path {TOKENIZER} -> {copy} (the same "
+        "tokenizer file contents)"
+    ]
+    copy.write_text("".join(Path(TOKENIZER).read_text().splitlines(True)[:-1]))  # one rank less
+    edited = _record(_config(**{"model.tokenizer_path": str(copy)}))
+    with pytest.raises(ConfigError, match=f"tokenizer \\(model.tokenizer_path = '{TOKENIZER}'"):
+        one_model_manager(tmp_path / "ckpt", model, opt, sched, edited).load()
+
+
+def test_what_a_resume_may_change_is_stated_with_its_effect():
+    saved = _record(_config(**LORA))
+    changed = {
+        "training.seed": 7,
+        "lora.dropout": 0.1,
+        "model.attn_backend": "sdpa",
+        "model.vocab_size": 2048,  # the flavor's: the same sizes
+        "checkpoint.initial_load_path": "base",
+        "training.packing": "padding",
+        "training.num_workers": 2,  # recorded; the loader states what it does with it
+    }
+    current = _record(_config(**LORA, **changed))
+    assert refusal(saved, current, "ckpt") is None and not data_changed(saved, current)
+    assert current["training.num_workers"] == 2
+    assert describe_changes(saved, current, step=6) == [
+        "data loader changed on resume: training.packing greedy -> padding (the data continues "
+        "from the checkpoint's position)",
+        "model changed on resume: checkpoint.initial_load_path None -> base (not read on a "
+        "resume: the weights come from the checkpoint)",
+        "model changed on resume: lora.dropout 0.0 -> 0.1 (applied from step 7)",
+        "model changed on resume: model.attn_backend auto -> sdpa (applied from step 7)",
+        "model changed on resume: model.vocab_size -1 -> 2048 (the same model sizes)",
+        "run changed on resume: training.seed 42 -> 7 (the weights, RNG states and data "
+        "position come from the checkpoint; the data's random draws from here follow the new "
+        "seed)",
+    ]
+
+
+def test_a_record_of_an_older_version_is_checked_for_what_it_holds():
+    current = _record(_config(**LORA, **{"model.n_layers": 2}))
+    older = {
+        k: v
+        for k, v in _record(_config()).items()
+        if k.startswith(("optimizer.", "lr_scheduler.")) or k in ("training.steps",)
+    }
+    assert refusal(older, current, "ckpt") is None and not data_changed(older, current)
+    assert describe_changes(older, current, step=6) == [
+        "optimizer changed on resume: training.max_norm unset -> 1.0 (applied from step 7)",
+        "batch changed on resume: sequences per optimizer step unset -> 8 (the data continues "
+        "from the checkpoint's position)",
+        "batch changed on resume: training.global_batch_size unset -> -1 (the data continues "
+        "from the checkpoint's position)",
+        "batch changed on resume: training.local_batch_size unset -> 8 (the data continues "
+        "from the checkpoint's position)",
+        "batch changed on resume: training.seq_len unset -> 256 (the data continues from the "
+        "checkpoint's position)",
+    ]
+
+
+def _write(path: Path, docs: list[str]) -> Path:
+    if path.suffix == ".jsonl":
+        return write_jsonl(path, docs)
+    path.write_text("\n\n".join(docs) + "\n")
+    return path
+
+
+def _text_config(path: Path) -> JobConfig:
+    changes = {"training.seq_len": 16, "training.local_batch_size": 2}
+    return _config(
+        **changes, **{"model.tokenizer_path": "byte", "training.dataset_path": str(path)}
+    )
+
+
+def _data_manager(folder: Path, config: JobConfig, loader):
+    model, opt, sched = _build(config)
+    return one_model_manager(folder, model, opt, sched, run_settings(config, 2), loader)
+
+
+def _loader(config: JobConfig):
+    return build_dataloader(config.training, BYTE, 0, 1)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".txt"])
+def test_other_data_on_resume_starts_from_its_first_document(tmp_path, caplog, suffix):
+    """An edited corpus resumed at the old byte offset: mid-paragraph for .txt, and for .jsonl
+    a valid file reported as "invalid JSON at line N"."""
+    corpus = _write(tmp_path / f"corpus{suffix}", DOCS)
+    config = _text_config(corpus)
+    loader = _loader(config)
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    _data_manager(tmp_path / "ckpt", config, loader).save(3)
+    _write(corpus, ["a new first document, longer than the others"] + DOCS)
+    fresh = next(iter(_loader(config)))
+    resumed = _loader(config)
+    with caplog.at_level(logging.INFO):
+        assert _data_manager(tmp_path / "ckpt", config, resumed).load() == 3
+    got = next(iter(resumed))
+    assert all(torch.equal(got[k], fresh[k]) for k in fresh)
+    (line,) = _changes(caplog)
+    assert line.startswith(f"data changed on resume: {corpus} ") and " bytes, blake2b " in line
+    assert line.endswith(" (the data starts again from its first document)")
+
+
+def test_the_same_data_at_another_path_continues_from_its_position(tmp_path, caplog):
+    corpus = _write(tmp_path / "corpus.jsonl", DOCS)
+    config = _text_config(corpus)
+    loader = _loader(config)
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    _data_manager(tmp_path / "ckpt", config, loader).save(3)
+    expected = next(batches)
+    moved = tmp_path / "moved" / "corpus.jsonl"
+    moved.parent.mkdir()
+    shutil.copy(corpus, moved)
+    moved_config = _text_config(moved)
+    resumed = _loader(moved_config)
+    with caplog.at_level(logging.INFO):
+        assert _data_manager(tmp_path / "ckpt", moved_config, resumed).load() == 3
+    got = next(iter(resumed))
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
+    assert _changes(caplog) == [
+        f"data changed on resume: training.dataset_path {corpus} -> {moved} (the same files' "
+        "contents: the data continues from the checkpoint's position)"
+    ]
