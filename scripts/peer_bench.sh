@@ -14,14 +14,16 @@
 #   ATTN=flex|sdpa      torchtitan's attention (default flex: a corpus of short and long
 #                       documents packs several into a row, and flex masks per document as
 #                       torchtitan_ablate does; sdpa attends across them, more work)
-#   TT_ARGS, OURS_ARGS  extra overrides, after the corpus' tokenizer (paths without spaces)
+#   TT_ARGS, OURS_ARGS  extra overrides, after the corpus' tokenizer (paths without spaces);
+#                       MoE: this engine runs with model.moe_bias_update_rate 0, as torchtitan
+#                       0.2.2's Qwen3 trains (its expert bias never moves), unless OURS_ARGS sets it
 # Speed figures compare only at the same corpus content_hash (printed first and last).
 set -uo pipefail
 
 case "${1:-}" in
   moe|dense) ;;
-  -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -49,7 +51,11 @@ export TTPEER_CORPUS="$CORPUS/train.jsonl" ATTN="${ATTN:-flex}"
 export PYTHONPATH="$ROOT/scripts/peer${PYTHONPATH:+:$PYTHONPATH}"
 export TT_ARGS="--model.hf_assets_path $CORPUS/tokenizer --training.dataset_path $TTPEER_CORPUS \
 --experimental.custom_import ttpeer_expert_load ${TT_ARGS:-}"
-export OURS_ARGS="--model.tokenizer_path $CORPUS/tokenizer ${OURS_ARGS:-}"
+# torchtitan 0.2.2's Qwen3 never updates its expert bias (it builds its optimizers without the
+# load-balancing hook; ttpeer_expert_load prints the bias): this engine runs without one too
+# (run_peer.sh's MATCH_LB sets 1e-3 and no aux loss; OURS_ARGS may set a rate again).
+BALANCE=""; [ "$1" = moe ] && BALANCE="--model.moe_bias_update_rate 0"
+export OURS_ARGS="--model.tokenizer_path $CORPUS/tokenizer $BALANCE ${OURS_ARGS:-}"
 bash "$PEER_DIR/run_peer.sh" "$1"
 rc=$?
 echo "[peer_bench] corpus content_hash $HASH"
