@@ -33,7 +33,17 @@ _SHORT_WRITE = ("unexpected pos", "file write failed")
 
 
 class ConfigError(ValueError):
-    """A bad config key, value or file; the message is the one line the user sees."""
+    """A bad config key, value or file; the message is the one line the user sees.
+
+    One raised in a data-loader worker reaches the main process rebuilt from one string,
+    "Caught <class> in DataLoader worker process N.\\nOriginal Traceback ...<class>: <message>";
+    only the message is kept, so the user still sees one line."""
+
+    def __init__(self, *args: object) -> None:
+        name = type(self).__name__
+        if args and isinstance(args[0], str) and args[0].startswith(f"Caught {name} in DataLoader"):
+            args = (args[0].rstrip().rsplit(f"{name}: ", 1)[-1], *args[1:])
+        super().__init__(*args)
 
 
 def _chain(e: BaseException, seen: set[int] | None = None) -> Iterator[BaseException]:
