@@ -29,7 +29,6 @@ import dataclasses
 import json
 import math
 import os
-import secrets
 import shutil
 import sys
 import warnings
@@ -41,6 +40,7 @@ import tomllib
 import torch
 import torch.distributed.checkpoint as dcp
 
+from torchtitan_ablate.components.checkpoint.export_folder import remove_stale, temp_folder
 from torchtitan_ablate.components.checkpoint.hf import SafetensorsFolder, save_hf_checkpoint
 from torchtitan_ablate.components.checkpoint.offline_weights import (
     find_run_toml,
@@ -188,11 +188,13 @@ def check_new_folder(out: Path) -> None:
 
 def write_folder(out: Path, write: Callable[[Path], list[str]]) -> list[str]:
     """Runs write(tmp) on a fresh folder beside out, then renames it to out: a failed
-    conversion leaves no partial (or empty) output behind."""
+    conversion leaves no partial (or empty) output behind, a killed one a folder that the next
+    conversion there removes (components/checkpoint/export_folder.py)."""
     check_new_folder(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(out.parent)
     # Not tempfile.mkdtemp: its folder is mode 0700, and the rename below would keep that.
-    tmp = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    tmp = temp_folder(out)
     tmp.mkdir()  # the umask's mode, like any folder the user makes
     try:
         files = write(tmp)

@@ -182,6 +182,11 @@ class Training:
     """Save a checkpoint and exit cleanly after this step (at most training.steps) without
     changing the LR schedule (time-limited jobs); -1 = off."""
 
+    sigterm_grace_seconds: float = 120.0
+    """On SIGTERM the run stops and saves at the end of the step in flight; a step that has not
+    ended this many seconds after the signal (a hang) ends the process with one line, exit code
+    143, nothing saved. Keep it below the scheduler's grace before SIGKILL; 0 = no limit."""
+
     num_workers: int = 0
     """Data-loader worker processes per rank."""
 

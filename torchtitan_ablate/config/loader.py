@@ -251,7 +251,7 @@ def check_dump_folder(path: str) -> None:
 
 
 @contextmanager
-def exit_on_config_error(dump_folder: str = ".") -> Iterator[None]:
+def exit_on_config_error(dump_folder: str | None = None) -> Iterator[None]:
     """One line on stderr and exit code 2 for a ConfigError, no traceback; the same for the other
     failures errors.one_line knows (a full disk: 2; a collective whose peer failed: 1)."""
     try:

@@ -43,6 +43,7 @@ def check_training(t: Training, checkpoint: Checkpoint) -> None:
     )
     at_least("training.gc_freq", t.gc_freq, 1, " (garbage collection every n steps)")
     at_least("training.max_norm", t.max_norm, 0, " (0 turns gradient clipping off)")
+    at_least("training.sigterm_grace_seconds", t.sigterm_grace_seconds, 0, " (0 = no limit)")
     at_least("training.skip_nonfinite_steps", t.skip_nonfinite_steps, 0, " (0 stops at a NaN)")
     at_least("training.loss_chunk_size", t.loss_chunk_size, 0, " (0 = plain loss on full logits)")
     require(

@@ -84,6 +84,15 @@ def all_reduce_max(t: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Te
     return t
 
 
+def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
+    """Each flag, true where any rank has it true: one all-reduce of a small tensor and a host
+    read (nothing in one process)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flags
+    t = all_reduce_max(torch.tensor([float(f) for f in flags], device=device), dist.group.WORLD)
+    return [bool(x) for x in t.tolist()]
+
+
 @torch.no_grad()
 def clip_grad_norm_(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
     """Global L2 norm of all gradients (plain or DTensor on any meshes), clipped to max_norm.

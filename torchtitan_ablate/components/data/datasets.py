@@ -143,8 +143,9 @@ class TextDocuments:
     def check_lines(self, max_bytes: int = CHECK_BYTES) -> bool:
         """Reads every non-blank line once, before the model is built, so that a bad line stops
         the run at start-up (on every rank alike) instead of steps into it; True when all of
-        the data was checked, False when it stopped after max_bytes."""
-        left = max_bytes
+        the data was checked, False when it stopped after max_bytes. Text without a document
+        (an empty file, blank lines only) is a DatasetError here too."""
+        left, documents = max_bytes, False
         for path in self.files:
             if path.suffix == PARQUET:  # typed columns: the schema says all there is to check
                 check_parquet(path, self.text_field)
@@ -155,7 +156,10 @@ class TextDocuments:
                         return False
                     left -= len(line)
                     if line.strip():
+                        documents = True
                         self._check_line(path, line, line_no)
+        if not documents and not any(p.suffix == PARQUET for p in self.files):
+            raise DatasetError(self._no_item_message())
         return True
 
     def __iter__(self) -> Iterator:
