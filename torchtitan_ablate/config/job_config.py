@@ -98,7 +98,9 @@ class Training:
     """JSONL key / parquet column holding a document's text (validation data too)."""
 
     shuffle_buffer: int = 0
-    """Documents in a seeded shuffle buffer (0 = file order); the checkpoint holds the buffer."""
+    """Documents in a seeded shuffle buffer (0 = file order); the checkpoint holds the buffer.
+    A resume with another size skips and repeats no document (a bigger saved buffer's extra
+    documents come first)."""
 
     packing: Literal["greedy", "best_fit", "padding"] = "greedy"
     """greedy: documents joined in order, attention masked per document (text: cut at row ends,
@@ -183,7 +185,9 @@ class Training:
     changing the LR schedule (time-limited jobs); -1 = off."""
 
     num_workers: int = 0
-    """Data-loader worker processes per rank."""
+    """Data-loader worker processes per rank. A resume with another value continues the data
+    exactly between 0 and 1, and at any value with data_sharding = "rows"; with "documents"
+    sharding each worker reads its own documents, so it is refused (resume with the old value)."""
 
     gc_freq: int = 50
     """Run Python's garbage collector every this many steps (automatic GC off in between)."""
