@@ -83,7 +83,11 @@ class Training:
 
     dataset_path: str | list[str] | None = "assets/data/debug_corpus.jsonl"
     """File or folder for dataset = "text" (.txt/.jsonl/.parquet) or "chat"; text: a list of
-    them is a mixture, each document drawn from path i with probability dataset_weights[i]."""
+    them is a mixture, each document drawn from path i with probability dataset_weights[i]. On
+    the command line a mixture is its paths separated by commas (--training.dataset_path
+    web.jsonl,code.parquet --training.dataset_weights 0.7,0.3); a comma inside a path is
+    written \\, ('odd\\,name.jsonl'), and an unescaped one in the name of an existing path is
+    refused with that hint."""
 
     dataset_weights: list[float] = field(default_factory=list)
     """Mixture weights, one per dataset_path entry, normalized (empty = equal); seeded by seed."""
