@@ -34,6 +34,16 @@ def test_a_resume_with_another_num_workers_continues_exactly_or_is_one_line(tmp_
     assert [r["loss"] for r in rest] == [r["loss"] for r in full[2:]]
 
 
+def test_a_resume_that_turns_the_shuffle_buffer_off_continues(tmp_path, caplog):
+    run(tmp_path, *FIRST, "--training.shuffle_buffer", "16")
+    with caplog.at_level(logging.INFO, logger="torchtitan_ablate"):
+        rest = run(tmp_path, *STEPS, "--training.shuffle_buffer", "0")
+    assert [r["step"] for r in rest] == [3]
+    assert "data: training.shuffle_buffer 16 -> 0: the 16 documents of the checkpoint's" in (
+        caplog.text
+    )
+
+
 def test_a_half_written_metrics_row_is_dropped_on_resume(tmp_path, caplog):
     run(tmp_path, *FIRST)
     metrics = tmp_path / "metrics.jsonl"
