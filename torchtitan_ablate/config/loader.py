@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 
 from torchtitan_ablate.config.errors import ConfigError, one_line, report
 from torchtitan_ablate.config.job_config import JobConfig
-from torchtitan_ablate.config.paths import PATH_KEYS, resolve_toml_path
+from torchtitan_ablate.config.paths import PATH_KEYS, PATH_LIST_KEYS, resolve_toml_path, split_paths
 from torchtitan_ablate.config.rules import validate
 
 if sys.version_info >= (3, 11):
@@ -131,6 +131,11 @@ def _set(config: JobConfig, section: str, key: str, value: Any, source: str) -> 
             f"{source}: unknown key '{section}.{key}'; keys of [{section}]: " + ", ".join(types_)
         )
     tp = types_[key]
+    if f"{section}.{key}" in PATH_LIST_KEYS and source == "command line" and isinstance(value, str):
+        try:
+            value = split_paths(f"{section}.{key}", value)
+        except ValueError as e:
+            raise ConfigError(f"{source}: {e}") from None
     try:
         coerced = _coerce(value, tp, from_cli=source == "command line")
     except _NonFinite:

@@ -12,8 +12,8 @@ Text formats (files, or folders searched recursively in sorted path order):
   .parquet  one document per row, read by row group (parquet.py; needs pyarrow)
 "text" is training.dataset_text_field. Files are read in the same order every epoch; mixing.py
 adds a shuffle buffer and weighted mixtures on top. Every line is checked once before training
-(TextDocuments.check_lines; parquet: the column's type); a shard that runs out of documents
-starts over with one warning.
+(TextDocuments.check_lines; parquet: the column's type and that its row groups read); a shard
+that runs out of documents starts over with one warning.
 """
 
 from __future__ import annotations
@@ -147,8 +147,11 @@ class TextDocuments:
         (an empty file, blank lines only) is a DatasetError here too."""
         left, documents = max_bytes, False
         for path in self.files:
-            if path.suffix == PARQUET:  # typed columns: the schema says all there is to check
-                check_parquet(path, self.text_field)
+            if path.suffix == PARQUET:  # typed columns: the schema, and that the pages read
+                used = check_parquet(path, self.text_field, left)
+                if used is None:
+                    return False
+                left -= used
                 continue
             with _open(path) as fh:
                 for line_no, line in enumerate(fh, 1):
