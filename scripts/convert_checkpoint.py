@@ -36,6 +36,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--to", choices=["hf", "dcp"], required=True)
+    p.add_argument("src", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--flavor", help="flavor name, or an HF folder / config.json (--to hf)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="--to hf dtype")
+    p.add_argument("--max_shard_gib", type=float, default=5.0)
+    p.add_argument("--lora_alpha", type=float, help="LoRA alpha of a checkpoint recording none")
+    p.add_argument("--peft", type=Path, metavar="PEFT_DIR", help="also the adapters, PEFT layout")
+    a = p.parse_args(argv)
+    if a.peft is not None and (a.to != "hf" or a.peft.resolve() == a.out.resolve()):
+        p.error("--peft PEFT_DIR needs --to hf and a folder other than OUT_DIR")
+    if not (a.max_shard_gib > 0 and math.isfinite(a.max_shard_gib)):
+        p.error(f"--max_shard_gib {a.max_shard_gib:g}: the shard size in GiB, more than 0")
+    if not a.src.is_dir():
+        p.error(f"{a.src} is not a folder")
+    return a
+
+
+if __name__ == "__main__":  # --help and a wrong option answer before torch's imports (seconds)
+    parse_args(sys.argv[1:])
+
 import tomllib
 import torch
 import torch.distributed.checkpoint as dcp
@@ -206,22 +230,7 @@ def write_folder(out: Path, write: Callable[[Path], list[str]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> list[str]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--to", choices=["hf", "dcp"], required=True)
-    p.add_argument("src", type=Path)
-    p.add_argument("out", type=Path)
-    p.add_argument("--flavor", help="flavor name, or an HF folder / config.json (--to hf)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="--to hf dtype")
-    p.add_argument("--max_shard_gib", type=float, default=5.0)
-    p.add_argument("--lora_alpha", type=float, help="LoRA alpha of a checkpoint recording none")
-    p.add_argument("--peft", type=Path, metavar="PEFT_DIR", help="also the adapters, PEFT layout")
-    a = p.parse_args(argv)
-    if a.peft is not None and (a.to != "hf" or a.peft.resolve() == a.out.resolve()):
-        p.error("--peft PEFT_DIR needs --to hf and a folder other than OUT_DIR")
-    if not (a.max_shard_gib > 0 and math.isfinite(a.max_shard_gib)):
-        p.error(f"--max_shard_gib {a.max_shard_gib:g}: the shard size in GiB, more than 0")
-    if not a.src.is_dir():
-        p.error(f"{a.src} is not a folder")
+    a = parse_args(argv)
 
     def convert(tmp: Path) -> list[str]:
         if a.to == "hf":

@@ -29,6 +29,32 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("checkpoint", type=Path, help="DCP step-N folder or HF folder")
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus size, in (0, 1]")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling draws")
+    p.add_argument("--tokenizer", help="tokenizer path (as model.tokenizer_path)")
+    p.add_argument("--config", type=Path, help="the run's config.toml (sizes of a DCP folder)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    a = p.parse_args(argv)
+    if a.max_new_tokens < 1:
+        p.error(f"--max-new-tokens {a.max_new_tokens}: at least 1")
+    if not a.temperature >= 0:
+        p.error(f"--temperature {a.temperature:g}: 0 (greedy) or more")
+    if not 0 < a.top_p <= 1:
+        p.error(f"--top-p {a.top_p:g}: in (0, 1]")
+    return a
+
+
+if __name__ == "__main__":  # --help and a wrong option answer before torch's imports (seconds)
+    parse_args(sys.argv[1:])
+
 import torch
 from torch import nn
 
@@ -136,30 +162,6 @@ def load_tokenizer(
         raise ValueError(f"tokenizer {path!r} (set it with --tokenizer): {e}") from None
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("checkpoint", type=Path, help="DCP step-N folder or HF folder")
-    p.add_argument("--prompt", required=True, help="the text to continue")
-    p.add_argument("--max-new-tokens", type=int, default=100)
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus size, in (0, 1]")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampling draws")
-    p.add_argument("--tokenizer", help="tokenizer path (as model.tokenizer_path)")
-    p.add_argument("--config", type=Path, help="the run's config.toml (sizes of a DCP folder)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    a = p.parse_args(argv)
-    if a.max_new_tokens < 1:
-        p.error(f"--max-new-tokens {a.max_new_tokens}: at least 1")
-    if not a.temperature >= 0:
-        p.error(f"--temperature {a.temperature:g}: 0 (greedy) or more")
-    if not 0 < a.top_p <= 1:
-        p.error(f"--top-p {a.top_p:g}: in (0, 1]")
-    if a.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: no CUDA device is available here")
-    return a
-
-
 def run(a: argparse.Namespace) -> str:
     """Loads, generates and returns the prompt with its continuation."""
     model, settings = load_model(a.checkpoint, a.config, torch.device(a.device))
@@ -192,6 +194,9 @@ def run(a: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> str:
     a = parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("generate: error: --device cuda: no CUDA device is available here", file=sys.stderr)
+        raise SystemExit(2)
     try:
         text = run(a)
     except (ValueError, OSError) as e:  # unreadable or mismatching inputs (ConfigError too)

@@ -168,6 +168,7 @@ def build_data(
     vocabulary is an error, a much smaller one a warning."""
     t, vocab_size = config.training, layout.model_args.vocab_size
     tokenizer = build_tokenizer(config.model.tokenizer_path)
+    logger.info(f"tokenizer: {config.model.tokenizer_path} ({tokenizer.vocab_size:,} tokens)")
     if tokenizer.vocab_size > vocab_size:
         raise ConfigError(
             f"model.tokenizer_path = {config.model.tokenizer_path!r} has "

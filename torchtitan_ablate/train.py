@@ -14,10 +14,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict
 
-if __name__ == "__main__":  # --help answers before the seconds of torch imports below
-    from torchtitan_ablate.config.help import exit_if_help
+if __name__ == "__main__":  # --help and a config error answer before torch's imports (seconds)
+    from torchtitan_ablate.config.precheck import check_before_torch
 
-    exit_if_help(sys.argv[1:], "python -m torchtitan_ablate.train")
+    check_before_torch(sys.argv[1:], "python -m torchtitan_ablate.train")
 
 # Before the first CUDA allocation: growable segments instead of fixed blocks, so a run near the
 # memory limit (Qwen3-4B with AdamW on one 80 GB GPU) does not stall on fragmentation retries.

@@ -12,12 +12,15 @@
 
 (`python scripts/ablate.py ...` is the same command.) Runs launch the checkout's ./run_train.sh,
 so planning and running need the package installed from a clone (pip install -e .); --report
-works anywhere. Exit code 2 for a bad ablation file, option, --set or variant, a --report
-folder without ablation.json, an --out folder that another runner is using, or one that holds
-the runs of an earlier call without --resume or --overwrite (one line naming it: a rerun never
-deletes earlier runs unasked); 130 / 143 when Ctrl-C / SIGTERM stopped it (the runs in flight
-are stopped and recorded, the report covers the finished ones); 0 otherwise: a failed run is
-recorded in the report and the others go on. See docs/ablation.md.
+works anywhere. The checkout is the one the command is launched from (scripts/ablate.py's own,
+or the one holding the current directory), whichever clone the package was installed from
+(checkout.py); outside any checkout, the installed one. Exit code 2 for a bad ablation file,
+option, --set or variant, a --report folder without ablation.json, an --out folder that another
+runner is using, or one that holds the runs of an earlier call without --resume or --overwrite
+(one line naming it: a rerun never deletes earlier runs unasked); 130 / 143 when Ctrl-C /
+SIGTERM stopped it (the runs in flight are stopped and recorded, the report covers the finished
+ones); 0 otherwise: a failed run is recorded in the report and the others go on. See
+docs/ablation.md.
 """
 
 import argparse
@@ -27,6 +30,7 @@ import sys
 from pathlib import Path
 
 from torchtitan_ablate.ablate.ablation_file import AblationError, load_spec, parse_sets
+from torchtitan_ablate.ablate.checkout import run_in_launching_checkout
 from torchtitan_ablate.ablate.environment import ROOT
 from torchtitan_ablate.components.checkpoint.dump_lock import acquire
 from torchtitan_ablate.config import ConfigError
@@ -140,6 +144,8 @@ def _only(names: str | None, plan: dict) -> set[str] | str | None:
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    if argv is None:  # a command, not a call: the code of the checkout it was launched from
+        run_in_launching_checkout(sys.argv[1:], prog)
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv, prog)
     if args.ablation and not (ROOT / "run_train.sh").is_file():

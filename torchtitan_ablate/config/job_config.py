@@ -45,7 +45,9 @@ class Model:
 
     tokenizer_path: str = "assets/tokenizer/debug.tiktoken"
     """Tokenizer: a tiktoken ranks file, an HF tokenizer.json, a sentencepiece .model, a folder
-    holding one of them, or "byte" (byte-level, for tests)."""
+    holding one of them, or "byte" (byte-level, for tests). Set by neither the recipe nor the
+    command line while checkpoint.initial_load_format = "hf": the tokenizer of the HF folder
+    checkpoint.initial_load_path (one without a tokenizer is refused)."""
 
     attn_backend: Literal["auto", "sdpa", "flex", "varlen", "flash"] = "auto"
     """Attention kernel. auto: flex on CUDA (fastest measured in training,

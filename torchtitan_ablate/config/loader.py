@@ -19,6 +19,7 @@ from torchtitan_ablate.config.errors import ConfigError, one_line, report
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.config.paths import PATH_KEYS, PATH_LIST_KEYS, resolve_toml_path, split_paths
 from torchtitan_ablate.config.rules import validate
+from torchtitan_ablate.config.tokenizer_default import default_tokenizer
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -180,6 +181,7 @@ def load_config(argv: list[str] | None = None) -> JobConfig:
     # The last --job.config_file wins, so `run_train.sh --job.config_file X` overrides the default.
     files = [v for s, k, v in cli if (s, k) == ("job", "config_file")]
     config_file = files[-1] if files else None
+    named = {f"{section}.{key}" for section, key, _ in cli}  # set by the recipe or the CLI
     if config_file is not None:
         if not os.path.isfile(config_file):
             raise ConfigError(
@@ -206,8 +208,10 @@ def load_config(argv: list[str] | None = None) -> JobConfig:
                             for v in value
                         ]
                 _set(config, section, key, value, config_file)
+                named.add(f"{section}.{key}")
     for section, key, value in cli:
         _set(config, section, key, value, "command line")
+    default_tokenizer(config, named)
     validate(config)
     return config
 
