@@ -225,8 +225,7 @@ def _drop_runs(runs: list[list[int]], count: int) -> None:
 def _run_ids(runs: list[list[int]], length: int) -> torch.Tensor:
     """Segment ids 0, 1, ... of the first `length` tokens of the runs."""
     counts = torch.tensor([c for _, c in runs])
-    ids = torch.repeat_interleave(torch.arange(len(runs)), counts)[:length]
-    return ids
+    return torch.repeat_interleave(torch.arange(len(runs)), counts)[:length]
 
 
 def shard_for_this_worker(
