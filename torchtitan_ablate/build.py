@@ -168,7 +168,6 @@ def build_data(
     vocabulary is an error, a much smaller one a warning."""
     t, vocab_size = config.training, layout.model_args.vocab_size
     tokenizer = build_tokenizer(config.model.tokenizer_path)
-    logger.info(f"tokenizer: {config.model.tokenizer_path} ({tokenizer.vocab_size:,} tokens)")
     if tokenizer.vocab_size > vocab_size:
         raise ConfigError(
             f"model.tokenizer_path = {config.model.tokenizer_path!r} has "
@@ -190,6 +189,8 @@ def build_data(
         pin_memory=device.type == "cuda",
         max_bad_rows=config.dpo.max_bad_rows,
     )
+    # After the data checks: a bad dataset path stays the only line a failed start prints.
+    logger.info(f"tokenizer: {config.model.tokenizer_path} ({tokenizer.vocab_size:,} tokens)")
     return tokenizer, dataloader
 
 

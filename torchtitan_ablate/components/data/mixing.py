@@ -82,7 +82,7 @@ class ShuffledDocuments:
 
     size 0 passes the documents through (its state is the source's). A resume with another size
     loses no document and repeats none: a saved buffer larger than `size` (0 included) yields
-    its extra documents first; a smaller one is topped up from the source."""
+    its extra documents first; a smaller one is topped up from the source after its next draw."""
 
     def __init__(self, source: Source, size: int, seed: int) -> None:
         assert size >= 0, size
@@ -96,20 +96,32 @@ class ShuffledDocuments:
         self.source.set_shard(shard, num_shards)
 
     def __iter__(self) -> Iterator[Any]:
+        # After a resize, the first document is the one the saved buffer would have drawn next:
+        # a packer that resumes mid-document reads that document again (the same one).
         docs = iter(self.source)
         while len(self.buffer) > self.size:  # a checkpoint's bigger buffer: its extra documents
-            yield self.buffer.pop()
+            yield self.buffer.pop(self._draw(len(self.buffer)))
         if self.size == 0:
             yield from docs
             return
+        out = None
+        if self.buffer and len(self.buffer) < self.size:  # a checkpoint's smaller buffer
+            j = self._draw(len(self.buffer))
+            out, self.buffer[j] = self.buffer[j], next(docs)
         while len(self.buffer) < self.size:  # no yield in between: no state is taken here
             self.buffer.append(next(docs))
+        if out is not None:
+            yield out
         for doc in docs:
-            u = uniform("shuffle", self.seed, self.shard, self.num_shards, self.draws)
-            j = int(u * self.size)
-            self.draws += 1
+            j = self._draw(self.size)
             out, self.buffer[j] = self.buffer[j], doc
             yield out
+
+    def _draw(self, size: int) -> int:
+        """The buffer index of the next draw from `size` documents."""
+        u = uniform("shuffle", self.seed, self.shard, self.num_shards, self.draws)
+        self.draws += 1
+        return int(u * size)
 
     def state_dict(self) -> dict[str, Any]:
         if self.size == 0 and not self.buffer:  # as without a buffer: either size resumes it

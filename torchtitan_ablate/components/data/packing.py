@@ -122,7 +122,7 @@ class PackedDataset(IterableDataset):
             self.reread_pos = None
         while True:
             while len(self.buffer) < window:
-                if self.current_pos == len(self.current):
+                if self.current_pos >= len(self.current):  # >=: a loaded position past its end
                     self.before_current = self.source.state_dict()
                     self.current, self.current_pos = next(docs) + [self.eos_id], 0
                     self.docs_seen += 1

@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers.data import (
     BYTE,
@@ -84,3 +85,23 @@ def test_another_shuffle_buffer_skips_and_repeats_no_document(
     file = state.get("source", state)
     read = file["epoch"] * DOCS + DOCS[: file["doc_idx"]]
     assert Counter(seen + rest + buffer) == Counter(read)
+
+
+@pytest.mark.parametrize("before,after", [(4, 0), (4, 2), (2, 5)])
+def test_another_shuffle_buffer_mid_document_finishes_that_document(
+    tmp_path: Path, before: int, after: int
+) -> None:
+    """Saved in the middle of a long document (greedy packing reads it again on resume): the
+    resized buffer yields that document first, so the row continues it (it once looped forever
+    on a shorter document)."""
+    path = write_jsonl(tmp_path / "d.jsonl", [d * 6 for d in DOCS])  # 30-72 bytes: rows split them
+    kw = dict(dataset_path=str(path), local_batch_size=1)
+    state, want = _saved_after(3, shuffle_buffer=before, **kw)
+    resumed = loader(None, shuffle_buffer=after, **kw)
+    resumed.load_state_dict(state)
+    have = take(iter(resumed), 4)
+    ids = want[0]["document_ids"][0]
+    end = int((ids != ids[0]).nonzero()[0]) if bool((ids != ids[0]).any()) else len(ids)
+    assert torch.equal(have[0]["input_ids"][0, :end], want[0]["input_ids"][0, :end])
+    later = documents_in([{"input_ids": b["input_ids"][0]} for b in have], "greedy")[1:]
+    assert len(set(later)) == len(later) and set(later) <= {d * 6 for d in DOCS}
