@@ -40,6 +40,10 @@ def init_distributed(device: torch.device, timeout_s: float = 300) -> int:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if world_size > 1 or "RANK" in os.environ:
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        if backend == "gloo":
+            # Every rank has finished connecting before any can fail its config checks and
+            # close its sockets (a slower peer then saw "Connection closed by peer" in init).
+            dist.barrier()
     else:
         # A one-rank group without torchrun: meshes (and single-GPU FSDP) work the same way.
         dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
