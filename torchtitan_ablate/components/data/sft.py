@@ -94,6 +94,13 @@ class ChatRenderer:
             mask += [False] * len(header) + [trained] * len(body) + [False] * len(self.newline)
         return tokens, mask
 
+    def generation_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """The ids a reply is generated after: the chat and the assistant turn's opening, as
+        apply_chat_template(messages, add_generation_prompt=True). The reply ends at im_end."""
+        if self.template is not None:
+            return self._encode(self.template.render(messages, add_generation_prompt=True))
+        return self(messages)[0] + [self.im_start] + self.tokenizer.encode("assistant\n")
+
     def _from_template(self, messages: list[dict[str, str]]) -> Conversation:
         text, spans = self.template(messages)
         cuts = [0, *(c for span in spans for c in span), len(text)]
