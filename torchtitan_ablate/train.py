@@ -220,7 +220,7 @@ class Trainer:
                 values["tokens_seen"] = self.train_state.tokens_seen
                 if validate:
                     start = time.perf_counter()
-                    values["validation_loss"] = self.validator.run(self.model, self.loss_fn)
+                    values |= self.validator.run(self.model, self.loss_fn, self.run.loss_count)
                     self.metrics.exclude_time(time.perf_counter() - start)
                 records.append(self.metrics.log(self.step, values))
             # Every step, so a SIGTERM stops the run at the next step boundary whatever

@@ -161,11 +161,6 @@ def check_dpo(config: JobConfig) -> None:
         "or plain",
     )
     require(
-        not config.validation.enable,
-        "validation.enable = true with training.dataset = 'preference': held-out DPO "
-        "validation is not implemented; set validation.enable = false",
-    )
-    require(
         not (config.lora.enable and config.model.moe_bias_update_rate > 0),
         "model.moe_bias_update_rate > 0 with DPO and LoRA: the reference pass (adapters off) "
         "runs through the same routers and would count in their load; set it to 0",

@@ -283,8 +283,12 @@ class MetricsLogger:
             f"lr {r['lr']:.2e}  tps {r['tps']:,.0f} (processed {r['tps_processed']:,.0f})  "
             f"tflops {r['tflops']:.1f}  {mfu}  {mem}  data {100 * r['data_time_frac']:.1f}%"
         )
+        if "rewards/margins" in r:  # DPO
+            line += _rewards(r, "", "rewards")
         if "validation_loss" in r:
             line += f"  val_loss {r['validation_loss']:.4f}"
+        if "validation_rewards/margins" in r:
+            line += _rewards(r, "validation_", "val_rewards")
         if "moe_aux_loss" in r:
             line += (
                 f"  aux {r['moe_aux_loss']:.4f}  expert_load max/mean "
@@ -305,6 +309,16 @@ class MetricsLogger:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.close()
+
+
+def _rewards(r: dict[str, Any], prefix: str, label: str) -> str:
+    """DPO's rewards (TRL's rewards/*) of a record, for the console line."""
+    chosen, rejected = r[f"{prefix}rewards/chosen"], r[f"{prefix}rewards/rejected"]
+    margin, accuracy = r[f"{prefix}rewards/margins"], r[f"{prefix}rewards/accuracies"]
+    return (
+        f"  {label} chosen/rejected {chosen:.3f}/{rejected:.3f}  margin {margin:.3f}  "
+        f"acc {accuracy:.2f}"
+    )
 
 
 def _hms(seconds: float) -> str:

@@ -58,6 +58,20 @@ def test_template_output_matches_transformers_and_only_replies_are_trained(tmp_p
     assert runs == ["It is 4.<|im_end|>", "<think>\n\n</think>\n\nIt is 6.<|im_end|>"]
 
 
+def test_the_generation_prompt_is_transformers_one(tmp_path):
+    """What generate.py --chat replies after: apply_chat_template(add_generation_prompt=True)."""
+    transformers = pytest.importorskip("transformers")
+    folder = _folder(tmp_path, QWEN3_STYLE)
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder))
+    prompt = CONV[:-1]  # ends with the user's turn
+    text = hf.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n")
+    assert (
+        ChatRenderer(build_tokenizer(str(folder))).generation_prompt(prompt)
+        == hf(text)["input_ids"]
+    )
+
+
 def test_named_templates_and_no_template(tmp_path):
     tok = build_tokenizer(str(_folder(tmp_path / "a", [{"name": "default", "template": "x"}])))
     assert tok.chat_template is not None and tok.chat_template.source == "x"
