@@ -1,6 +1,15 @@
-"""Suite-wide pytest hooks: the expected duration, said when the run starts."""
+"""Suite-wide settings: one CPU thread per process, and the expected duration, said when the
+run starts."""
+
+import os
 
 import pytest
+
+# One intra-op thread in this process and every process it starts (before torch is imported:
+# the test modules import it after this file). The tensors here are tiny, so a second thread
+# gains little on a quiet machine, while on a loaded one OpenMP's spinning threads made a 1.8 s
+# test take 15 s (2 cores, load 2.5).
+os.environ["OMP_NUM_THREADS"] = "1"
 
 # Measured on CI's kind of machine (2 cores, nothing else running): dev/LOG.md has the run.
 FULL_SUITE_MINUTES = 15
