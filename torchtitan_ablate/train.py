@@ -183,7 +183,7 @@ class Trainer:
             init_reference(self.model, self.run.reference)
         last = config.training.steps
         self.metrics.open(resumed_step=self.step, last_step=last)
-        self.preemption.install()  # SIGTERM: stop and save at the end of the step, or exit
+        self.preemption.install()  # SIGTERM, Ctrl-C: stop and save at the step's end, or exit
         gc.disable()
         data_iter = iter(self.dataloader)
         records = []
@@ -238,7 +238,7 @@ class Trainer:
             if self.step == first:  # start-up is over: a stalled rank now fails the others sooner
                 dist_utils.set_timeout(config.comm.train_timeout_seconds)
             if stop and self.step < last:
-                why = "SIGTERM" if sigterm else "training.exit_at_step"
+                why = self.preemption.stop_reason() if sigterm else "training.exit_at_step"
                 if measured and not sigterm:
                     why = "tokens/s measured: training.throughput_noise_target"
                 what = "checkpoint saved" if saved else "checkpointing is off: nothing saved"
@@ -293,7 +293,8 @@ class Trainer:
         return f"step-{saved[-1]}" if saved else "none"
 
     def _on_hang(self, step: int) -> str:
-        """Before a step that outlived the SIGTERM grace ends the process: frees the lock."""
+        """Before a step past the SIGTERM grace, or a second Ctrl-C, ends the process: frees
+        the lock."""
         if self.lock is not None:
             self.lock.release()
         return f" (newest checkpoint: {self._newest()})"
@@ -315,7 +316,9 @@ def main(config: JobConfig) -> list[dict]:
             return []
         trainer = Trainer(config)
         try:
-            return trainer.train()
+            records = trainer.train()
+            trainer.preemption.exit_if_interrupted()  # a Ctrl-C, once saved: exit code 130
+            return records
         finally:  # the SIGTERM timer of a step that raised does not outlive it
             trainer.preemption.restore()
     except NonFiniteError as e:
