@@ -26,6 +26,7 @@ import torch  # noqa: E402
 
 from torchtitan_ablate.build import build_data, build_layout, build_run
 from torchtitan_ablate.components.checkpoint.dump_lock import claim
+from torchtitan_ablate.components.checkpoint.hf_export import save_last_in_hf
 from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
 from torchtitan_ablate.components.checkpoint.run_settings import run_settings
 from torchtitan_ablate.components.checkpoint.state import TrainState
@@ -235,6 +236,9 @@ class Trainer:
             self.preemption.step_ended()  # every rank knows whether to stop: the step is over
             stop = self.step == config.training.exit_at_step or sigterm or measured
             saved = self.checkpointer.save(self.step, force=self.step == last or stop)
+            ck = config.checkpoint
+            if saved and self.step == last and ck.last_save_in_hf and self.is_writer:
+                save_last_in_hf(self.checkpointer.step_dir(self.step), ck.export_dtype)
             if self.step == first:  # start-up is over: a stalled rank now fails the others sooner
                 dist_utils.set_timeout(config.comm.train_timeout_seconds)
             if stop and self.step < last:
