@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from torchtitan_ablate.ablate.noise import noise_unknown
 from torchtitan_ablate.ablate.plan import PLAN_FILE
 from torchtitan_ablate.ablate.report import build_rows, write_report
 from torchtitan_ablate.ablate.runner import error_line
@@ -321,3 +322,41 @@ def test_plans_without_baselines_compare_with_the_first(tmp_path):
     plan(tmp_path, [variant(n, r) for n, r in runs.items()])  # no "baseline" keys: older plans
     _, rows = build_rows(tmp_path)
     assert rows[1]["speedup"] == 0.5 and rows[1]["baseline"] == "a"
+
+
+def test_a_short_run_is_marked_noise_unknown_and_the_title_says_what_ran(tmp_path):
+    # Two logged steps, the first warm-up: each median is one step's figure, noise unknown.
+    a = [make_run(tmp_path, "a", 1, [1, 100], [3.0, 2.0])]
+    b = [make_run(tmp_path, "b", 1, [1, 128], [3.0, 2.0])]
+    plan(tmp_path, [variant(n, r, flavor="debugmodel", steps=2) for n, r in (("a", a), ("b", b))],
+         sets=["model.flavor=debugmodel"], description="Qwen3-1.7B, 4 GPUs")  # fmt: skip
+    rows = write_report(tmp_path)
+    assert [r["tps_steps"] for r in rows] == [1, 1]
+    assert noise_unknown(rows[1]) == "n=1 step: noise unknown"
+    assert rows[1]["verdict"].startswith(
+        "b vs a: 1.28x tokens/s (+28.0%; noise unknown: fewer than 10 steady steps (b n=1 step, "
+        "a n=1 step), so not a measured speedup)"
+    )
+    md = (tmp_path / "report.md").read_text()
+    assert md.startswith("# Ablation: t (debugmodel, CPU, 1 process, 2 steps)\n")
+    assert "Qwen3-1.7B, 4 GPUs (the ablation file's description; `--set` changed" in md
+    assert "| 128 (n=1 step: noise unknown) | unknown | 1.28x (noise unknown) |" in md
+    assert "| 100 (n=1 step: noise unknown) | unknown | 1.00x |" in md
+
+
+def test_the_throughput_plot_hatches_a_median_of_unknown_noise(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from torchtitan_ablate.ablate.plots import throughput_figure
+
+    known = {"variant": "a", "tps_median": 100.0, "tps_noise_pct": 5.0, "tps_steps": 20}
+    short = {"variant": "b", "tps_median": 128.0, "tps_noise_pct": None, "tps_steps": 1}
+    fig = throughput_figure(plt, [known, short])
+    (ax,) = fig.axes
+    assert [p.get_hatch() for p in ax.patches] == [None, "//"]
+    assert [t.get_text() for t in ax.texts] == ["n=1 step:\nnoise unknown"]
+    # One error bar, a's: none of zero width drawn for b.
+    assert [type(c).__name__ for c in ax.containers].count("ErrorbarContainer") == 1
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["noise unknown"]
+    plt.close(fig)
