@@ -25,7 +25,7 @@ def estimate(argv: list[str] | None = None) -> None:
     [--memory_estimation.output estimate.json] [any --section.key value]."""
     from torchtitan_ablate.config.precheck import check_before_torch
 
-    check_before_torch(sys.argv[1:] if argv is None else argv, "python estimation.py")
+    check_before_torch(sys.argv[1:] if argv is None else argv, "python estimation.py", False)
     from torchtitan_ablate.config import run_main  # after the check: the estimator imports torch
     from torchtitan_ablate.estimator import estimate_main
 

@@ -51,6 +51,7 @@ def plan_layout(config: JobConfig, ngpu: int) -> dict[str, Any]:
     global_batch = layout.sequences_per_step
     return {
         "flavor": config.model.flavor,
+        "device": config.training.device,
         "ngpu": ngpu,
         "mesh": f"rep{pd.dp_replicate} shard{pd.dp_shard} cp{pd.cp} ep{pd.ep}",
         "dp": pd.dp,

@@ -160,6 +160,11 @@ def _check_profiling(p: Profiling) -> None:
 def _check_checkpoint(ck: Checkpoint) -> None:
     require(ck.interval >= 1, f"checkpoint.interval = {ck.interval}: must be >= 1")
     at_least("checkpoint.keep_latest_k", ck.keep_latest_k, 0, " (0 keeps every checkpoint)")
+    require(
+        ck.enable or not ck.last_save_in_hf,
+        "checkpoint.last_save_in_hf = true needs checkpoint.enable = true (the HF copy is made "
+        "from the last step's checkpoint)",
+    )
 
 
 def _check_seed_checkpoint(config: JobConfig) -> None:

@@ -92,6 +92,23 @@ def steady_values(records: list[dict], warmup: int, key: str = "tps") -> list[fl
     return [r[key] for r in records if r["step"] > warmup and not r.get("profiled")]
 
 
+def throughput_measured(records: list[dict], target: float, warmup: int, say: bool) -> bool:
+    """Whether the steady-state tokens/s median of `records` is known within `target`
+    (training.throughput_noise_target; <= 0: never), logging the figure when `say`."""
+    if target <= 0:
+        return False
+    tps = steady_values(records, warmup)
+    noise = median_noise(tps)
+    if noise is None or noise > target:
+        return False
+    if say:
+        logger.info(
+            f"tokens/s median {statistics.median(tps):,.0f} known within +-{100 * noise:.2f}% "
+            f"over {len(tps)} steady steps (training.throughput_noise_target = {target})"
+        )
+    return True
+
+
 class DeviceMemoryMonitor:
     """Peak active/reserved memory since the last reset, in GiB and % of the device."""
 
@@ -148,7 +165,6 @@ class MetricsLogger:
         self.jsonl = None
         self.tb = None
         self.wandb = None
-        self.dump_folder, self.run_config = dump_folder, run_config or {}
         self.step_times: deque[float] = deque(maxlen=ETA_WINDOW)
         self.last_step = 0
         self.launch_start = self.step_end = time.perf_counter()  # open() sets them again
@@ -158,6 +174,8 @@ class MetricsLogger:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.tb = SummaryWriter(os.path.join(dump_folder, config.save_tb_folder))
+            if config.enable_wandb:  # here, not in open(): a login error shows before the model
+                self.wandb = WandbTracker(config, dump_folder, run_config or {})
         self._reset_window()
 
     def open(self, resumed_step: int, last_step: int = 0) -> None:
@@ -185,8 +203,6 @@ class MetricsLogger:
                 old = move_aside(self.path)
                 logger.warning(f"{self.path} of an earlier run moved to {old}: a new run")
         self.jsonl = open(self.path, "a")
-        if self.config.enable_wandb:
-            self.wandb = WandbTracker(self.config, self.dump_folder, self.run_config)
 
     def _reset_window(self) -> None:
         self.window_start = time.perf_counter()
