@@ -7,7 +7,9 @@ import re
 import sys
 import types
 
+from tests.helpers.distributed import run_distributed
 from tests.helpers.training import run, run_cli
+from torchtitan_ablate import train
 from torchtitan_ablate.config import load_config
 
 
@@ -104,3 +106,18 @@ def test_exit_at_step_past_the_derived_steps_is_one_line(tmp_path):
         "config error: training.exit_at_step = 3 is after the last step (training.epochs = 0.01 "
         "gives training.steps = 2): use a step in 1..2, or -1"
     ]
+
+
+def _epoch_run(dump: str) -> list[int]:
+    """One rank of a 2-rank run in epochs: the steps it trained."""
+    args = ["--job.config_file", "train_configs/debug_model.toml", "--job.dump_folder", dump]
+    args += ["--training.seq_len", "16", "--training.local_batch_size", "2"]
+    args += ["--training.epochs", "0.002", "--metrics.log_freq", "1"]
+    return [r["step"] for r in train.Trainer(load_config(args)).train()]
+
+
+def test_every_rank_derives_the_same_steps(tmp_path):
+    """Two data-parallel ranks read their own documents, yet count the same pass over all of
+    them at the doubled global batch: ceil(0.002 x 43,232 = 87 / (2 x 2 x 16)) = 2 steps on
+    both (a rank that stopped elsewhere would leave the other waiting in a collective)."""
+    assert run_distributed(_epoch_run, 2, str(tmp_path)) == [[1, 2], [1, 2]]
