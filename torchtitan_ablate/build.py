@@ -1,7 +1,8 @@
 """The one build path below the trainer: training, estimation, bench and the ablation runner.
 
     layout = build_layout(config, world_size, device_type)   # checks, meshes, seed
-    dataloader = build_data(config, layout, device)           # the trainer and bench only
+    tokenizer, loader = build_data(config, layout, device)    # the trainer and bench only
+    config = resolve_steps(config, layout, tokenizer)         # training.epochs -> steps
     run = build_run(config, layout, device)                   # model, optimizer, schedule, loss
 
 `check_layout` alone makes every check that needs no process group (the ablation dry run).
@@ -22,6 +23,7 @@ from torch import nn
 
 from torchtitan_ablate.components.compile import INDUCTOR, CompileBackend
 from torchtitan_ablate.components.data import build_dataloader
+from torchtitan_ablate.components.data.epochs import num_epoch_steps
 from torchtitan_ablate.components.objective.dpo import build_dpo_loss, count_pairs
 from torchtitan_ablate.components.objective.loss import (
     check_kernel_loss,
@@ -188,6 +190,30 @@ def build_data(
     # After the data checks: a bad dataset path stays the only line a failed start prints.
     logger.info(f"tokenizer: {config.model.tokenizer_path} ({tokenizer.vocab_size:,} tokens)")
     return tokenizer, dataloader
+
+
+def resolve_steps(
+    config: JobConfig, layout: Layout, tokenizer: Tokenizer | None = None
+) -> JobConfig:
+    """config with training.steps derived from training.epochs (components/data/epochs.py
+    counts the data, the same on every rank), logged in one line; config itself without
+    epochs. The trainer asks it after build_data, the ablation plan after check_layout."""
+    t = config.training
+    if t.epochs is None:
+        return config
+    tokenizer = tokenizer or build_tokenizer(config.model.tokenizer_path)
+    shards = layout.parallel_dims.dp * max(t.num_workers, 1)
+    derived = num_epoch_steps(
+        t, tokenizer, layout.sequences_per_step, shards, config.dpo.max_bad_rows
+    )
+    logger.info(derived.describe(t.epochs))
+    if t.exit_at_step > derived.steps:
+        raise ConfigError(
+            f"training.exit_at_step = {t.exit_at_step} is after the last step (training.epochs "
+            f"= {t.epochs:g} gives training.steps = {derived.steps}): use a step in "
+            f"1..{derived.steps}, or -1"
+        )
+    return dataclasses.replace(config, training=dataclasses.replace(t, steps=derived.steps))
 
 
 def build_model(

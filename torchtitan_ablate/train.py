@@ -24,7 +24,7 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 import torch  # noqa: E402
 
-from torchtitan_ablate.build import build_data, build_layout, build_run
+from torchtitan_ablate.build import build_data, build_layout, build_run, resolve_steps
 from torchtitan_ablate.components.checkpoint.dump_lock import claim
 from torchtitan_ablate.components.checkpoint.hf_export import save_last_in_hf
 from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
@@ -36,12 +36,9 @@ from torchtitan_ablate.components.objective.finite import NonFiniteError
 from torchtitan_ablate.components.objective.validate import Validator
 from torchtitan_ablate.components.observability.comm_profile import CommProfiler
 from torchtitan_ablate.components.observability.expert_load import moe_step_metrics
-from torchtitan_ablate.components.observability.metrics import (
-    MetricsLogger,
-    attention_pairs,
-    throughput_measured,
-)
+from torchtitan_ablate.components.observability.metrics import MetricsLogger, attention_pairs
 from torchtitan_ablate.components.observability.profiling import TraceProfiler
+from torchtitan_ablate.components.observability.throughput_stop import throughput_measured
 from torchtitan_ablate.components.observability.trackers import check_trackers
 from torchtitan_ablate.components.preemption import Preemption
 from torchtitan_ablate.config import JobConfig, check_dump_folder, run_main, write_config
@@ -92,6 +89,7 @@ class Trainer:
 
         # 1. Tokenizer and data (before the model: a data error shows before the long build).
         self.tokenizer, self.dataloader = build_data(config, layout, self.device)
+        config = self.config = resolve_steps(config, layout, self.tokenizer)  # training.epochs
         self.validator = None
         if config.validation.enable:
             self.validator = Validator(
@@ -135,9 +133,8 @@ class Trainer:
             config.training.steps,
             warmup_steps=config.training.throughput_warmup_steps,
         )
-        rank = torch.distributed.get_rank()
         self.trace_profiler = TraceProfiler(
-            config.profiling, config.job.dump_folder, rank, self.device
+            config.profiling, config.job.dump_folder, torch.distributed.get_rank(), self.device
         )
         self.step = 0
         self.nonfinite_in_a_row = 0
@@ -148,8 +145,7 @@ class Trainer:
             logger.info(f"job: {config.job.description}")
         logger.info(
             f"model {config.model.flavor}: {n_params:,} parameters ({n_trainable:,} trainable); "
-            f"world {world_size} "
-            f"({pd}); grad accumulation {self.grad_accum}; device {self.device}"
+            f"world {world_size} ({pd}); grad accumulation {self.grad_accum}; device {self.device}"
         )
         if config.debug.moe_force_load_balance:
             logger.warning(
@@ -227,10 +223,7 @@ class Trainer:
             # log_freq: one scalar all-reduce and host read per step on several ranks, after
             # the optimizer step is queued (a second sync besides the non-finite check's). All
             # ranks stop (and save) at the same step, so rank 0's throughput verdict rides on it.
-            t = config.training
-            measured = log_now and throughput_measured(
-                records, t.throughput_noise_target, t.throughput_warmup_steps, self.is_writer
-            )
+            measured = log_now and throughput_measured(records, config.training, self.is_writer)
             flags = [self.preemption.requested, measured and self.is_writer]
             sigterm, measured = dist_utils.any_rank(flags, self.device)
             self.preemption.step_ended()  # every rank knows whether to stop: the step is over
@@ -252,6 +245,9 @@ class Trainer:
         self.preemption.restore()
         self.comm_profiler.close()
         self.trace_profiler.close()
+        self.metrics.log_summary(
+            self.train_state.tokens_seen, self.checkpointer.folder, self._newest()
+        )
         self.metrics.close()
         if self.lock is not None:
             self.lock.release()

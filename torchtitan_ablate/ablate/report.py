@@ -165,8 +165,8 @@ def summarize_variant(
         finals.append(records[-1]["loss"])
         validated = [r["validation_loss"] for r in records if "validation_loss" in r]
         held_out += validated[-1:]
-        # CPU runs log 0.0 GiB without a device percentage: memory not measured.
-        if any("memory_max_reserved_pct" in r for r in records):
+        # CPU runs log null memory (older versions 0.0 GiB without a percentage).
+        if any(r.get("memory_max_reserved_pct") is not None for r in records):
             active.append(max(r["memory_max_active_gib"] for r in records))
             reserved.append(max(r["memory_max_reserved_gib"] for r in records))
         profile = run_dir / "comm_profile.json"
@@ -184,7 +184,7 @@ def summarize_variant(
     row["tps_noise_pct"], row["noise_note"] = _noise(per_seed_tps, steady["tps"], noise_target)
     row["tps_steps"] = len(steady["tps"])  # the steady steps the median is taken over
     row["steps_run"] = max(steps_run)
-    for key in ("mfu_pct", "mfu_doc_pct"):  # 0 when the device peak is unknown (CPU)
+    for key in ("mfu_pct", "mfu_doc_pct"):  # null (older versions 0) without a known peak
         row[key] = row[key] or None
     if row["data_pct"] is not None:
         row["data_pct"] *= 100

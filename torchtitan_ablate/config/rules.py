@@ -130,6 +130,8 @@ def _check_optimizer(o: Optimizer) -> None:
 
 def _check_lr_scheduler(s: LRScheduler) -> None:
     require(s.warmup_steps >= 0, f"lr_scheduler.warmup_steps = {s.warmup_steps}: must be >= 0")
+    r = s.warmup_ratio
+    require(r is None or 0.0 <= r <= 1.0, f"lr_scheduler.warmup_ratio = {r}: must be in [0, 1]")
     d = s.decay_ratio
     require(d is None or 0.0 <= d <= 1.0, f"lr_scheduler.decay_ratio = {d}: must be in [0, 1]")
     require(
