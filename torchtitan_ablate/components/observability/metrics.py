@@ -147,6 +147,7 @@ class MetricsLogger:
         self.peak_tflops = device_peak_tflops(device, config.peak_tflops)
         self.memory = DeviceMemoryMonitor(device)
         self.is_writer = is_writer
+        self.dump_folder = dump_folder
         self.path = os.path.join(dump_folder, "metrics.jsonl")
         self.jsonl = None
         self.tb = None
