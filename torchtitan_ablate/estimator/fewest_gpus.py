@@ -4,7 +4,7 @@ fastest layout among them by a stated rule (SPEED_RULE), with few fake-tensor tr
 1. World size: the ladder L, 2L, 4L, ... from the fewest ranks the layout allows (L), in the
    layout that needs the least memory (FSDP over every rank, AC full, resharding after
    forward). A world size whose model-state floor does not fit is skipped without a trace; the
-   first whose trace fits is the answer. When a trace does not fit by more than the model state
+   first whose trace fits is the answer's world size. When a trace does not fit by more than the model state
    it holds, more GPUs cannot help (they shrink only the model state) and the search stops.
 2. Layout at that world size, fastest first: per AC level (none, selective, full) the level's
    least-memory layout is traced first; if it does not leave the caching allocator its room
@@ -132,40 +132,44 @@ def fewest_gpus(
     log(f"fewest_gpus: the layout allows world sizes from {start}")
 
     def trial(layout: Layout) -> Trial:
+        """The layout traced, or ruled out by its model-state floor without a trace."""
+        n, cfg = layout.world_size, layout.config(config)
+        floor = floor_at(cfg, params, n)
+        if not floor_fits(floor, device_gib):
+            search.trials.append(Trial(layout, floor.total_gib + context_gib(n), False, False))
+            log(
+                f"fewest_gpus: world size {n}, {layout.describe(config)}: model state alone "
+                f"{floor.describe()}, not traced"
+            )
+            return search.trials[-1]
         t0 = time.perf_counter()
-        est = trace(layout.config(config))
+        est = trace(cfg)
         gib = required_gib(est)
         room = gib <= device_gib and leaves_room(est, device_gib)
-        found = Trial(layout, gib, gib <= device_gib, True, est, room)
-        search.trials.append(found)
-        verdict = "fits" if room else "fits tightly" if found.fits else "does not fit"
+        search.trials.append(Trial(layout, gib, gib <= device_gib, True, est, room))
+        verdict = "fits" if room else "fits tightly" if gib <= device_gib else "does not fit"
         log(
-            f"fewest_gpus: world size {layout.world_size}, {layout.describe(config)}: "
-            f"{gib:.1f} GiB, {verdict} ({time.perf_counter() - t0:.0f} s)"
+            f"fewest_gpus: world size {n}, {layout.describe(config)}: {gib:.1f} GiB, "
+            f"{verdict} ({time.perf_counter() - t0:.0f} s)"
         )
-        return found
+        return search.trials[-1]
 
     fitting = None
     for n in ladder(start):
         lean = Layout(n, "full", 1, reshards[-1])
-        cfg = lean.config(config)
-        if not layout_valid(cfg, n):
+        if not layout_valid(lean.config(config), n):
             continue
         if context_gib(n) >= device_gib:
             search.reason = f"the CUDA context and NCCL alone take {context_gib(n):g} GiB"
             return search
-        floor = floor_at(cfg, params, n)
-        if not floor_fits(floor, device_gib):
-            search.trials.append(Trial(lean, floor.total_gib + context_gib(n), False, False))
-            log(f"fewest_gpus: world size {n}: model state alone {floor.describe()}, not traced")
-            continue
         found = trial(lean)
         if found.fits:
             fitting = found
             break
         # What more GPUs do not shrink, with the context of a world of more than one.
-        rest = found.gib - floor.total_gib - context_gib(n) + context_gib(2 * n)
-        if rest > device_gib:
+        state = floor_at(lean.config(config), params, n).total_gib
+        rest = found.gib - state - context_gib(n) + context_gib(2 * n)
+        if found.traced and rest > device_gib:
             search.reason = (
                 f"no world size fits: besides the model state a GPU holds {rest:.1f} GiB "
                 "(activations, gathered weights, buffers, context), which more GPUs do not "

@@ -115,3 +115,15 @@ def test_search_needs_no_more_gpus_than_the_recipe_is_written_for(name):
     assert search.answer is not None and search.answer.room
     assert search.answer.layout.world_size <= INTENDED_WORLD_SIZE[name]
     assert sum(t.traced for t in search.trials) <= 4
+
+
+def test_a_layout_whose_model_state_cannot_fit_is_not_traced():
+    # HSDP 2x1 at 2 GPUs replicates the whole 122 GiB of 8B model state: ruled out by the
+    # floor, where FSDP 2 (61 GiB) is traced.
+    config = _recipe("qwen3_8b_hsdp")
+    fsdp = _recipe("qwen3_8b_hsdp", "--parallelism.data_parallel_replicate_degree", "1")
+    peaks = {(2, "full", 1): floor_at(fsdp, model_state(fsdp), 2).total_gib + 5}
+    search = fewest_gpus(config, 80.0, log=lambda _: None, trace=stand_in(config, peaks, 70))
+    hsdp = [t for t in search.trials if t.layout.replicate == 2]
+    assert [(t.layout.world_size, t.layout.ac, t.traced) for t in hsdp] == [(2, "full", False)]
+    assert search.answer.layout.describe(config) == "FSDP 2, AC full"

@@ -5,7 +5,7 @@ import glob
 
 import pytest
 
-from tests.unit.estimator.test_estimator import INTENDED_WORLD_SIZE, MOE, SMALL, _config
+from tests.unit.estimator.test_estimator import DENSE, INTENDED_WORLD_SIZE, MOE, _config
 from torchtitan_ablate.build import check_layout
 from torchtitan_ablate.config import ConfigError, load_config
 from torchtitan_ablate.estimator import estimate
@@ -18,7 +18,6 @@ from torchtitan_ablate.estimator.world_sizes import (
     with_smallest_world_size,
 )
 
-DENSE = ["--job.config_file", "train_configs/debug_model.toml", *SMALL]
 EP2_HSDP_LORA = ["--parallelism.expert_parallel_degree", "2"]
 EP2_HSDP_LORA += ["--parallelism.data_parallel_replicate_degree", "2", "--lora.enable", "true"]
 
