@@ -3,9 +3,10 @@ fastest layout among them by a stated rule (SPEED_RULE), with few fake-tensor tr
 
 1. World size: the ladder L, 2L, 4L, ... from the fewest ranks the layout allows (L), in the
    layout that needs the least memory (FSDP over every rank, AC full, resharding after
-   forward). A world size whose model-state floor does not fit is skipped without a trace; the
-   first whose trace fits is the answer's world size. When a trace does not fit by more than the model state
-   it holds, more GPUs cannot help (they shrink only the model state) and the search stops.
+   forward). A world size whose model-state floor does not fit is skipped without a trace;
+   the first whose trace fits is the answer's world size. When a trace does not fit by more
+   than the model state it holds, more GPUs cannot help (they shrink only the model state) and
+   the search stops.
 2. Layout at that world size, fastest first: per AC level (none, selective, full) the level's
    least-memory layout is traced first; if it does not leave the caching allocator its room
    (verdict.leaves_room), no layout of that level does. In the first level that does, its
