@@ -131,16 +131,22 @@ def num_microbatches(config: JobConfig, dp: int) -> int:
     return t.global_batch_size // per_micro
 
 
-def check_layout(config: JobConfig, world_size: int) -> Layout:
-    """Every check made before anything is built (shared by the trainer, the estimator and the
-    ablation dry run): degrees vs world size, model vs degrees, batch vs data parallel."""
-    pd = build_parallel_dims(config, world_size)
-    model_args = get_spec(config.model.name).build_args(
-        config.model,
+def build_model_args(config: JobConfig) -> Any:
+    """The model's sizes, in its family's args class (no world size needed)."""
+    m = config.model
+    return get_spec(m.name).build_args(
+        m,
         config.training.seq_len,
         config.checkpoint.initial_load_path,
         config.debug.moe_force_load_balance,
     )
+
+
+def check_layout(config: JobConfig, world_size: int) -> Layout:
+    """Every check made before anything is built (shared by the trainer, the estimator and the
+    ablation dry run): degrees vs world size, model vs degrees, batch vs data parallel."""
+    pd = build_parallel_dims(config, world_size)
+    model_args = build_model_args(config)
     try:
         pd.check_model(model_args.num_experts, config.training.seq_len)
     except ValueError as e:
