@@ -211,7 +211,7 @@ def written(c: Command) -> set[str]:
     ck, steps = config.checkpoint, config.training.steps
     if not ck.enable or config.memory_estimation.enable:
         return set()
-    folder = Path(config.job.dump_folder).absolute().relative_to(ROOT) / ck.folder
+    folder = Path(os.path.relpath(config.job.dump_folder, ROOT)) / ck.folder
     saved = {0} if ck.create_seed_checkpoint else {*range(ck.interval, steps, ck.interval), steps}
     hf = {f"{folder}/step-{steps}/hf"} if ck.last_save_in_hf else set()
     return {f"{folder}/step-{k}" for k in saved} | hf
