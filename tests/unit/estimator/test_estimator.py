@@ -163,7 +163,7 @@ INTENDED_WORLD_SIZE = {
         ["debug_model", "qwen3_moe_debug", "qwen3_0.6b", "qwen3_0.6b_sft", "qwen3_1.7b"], 1
     ),
     **dict.fromkeys(["qwen3_moe_1gpu", "qwen3_4b_float8"], 1),
-    **dict.fromkeys(["qwen3_0.6b_dpo", "qwen3_moe_lora_dpo"], 1),
+    **dict.fromkeys(["qwen3_0.6b_dpo", "qwen3_moe_lora_dpo", "debug_sft", "debug_dpo"], 1),
     **dict.fromkeys(["qwen3_1.7b_zero2", "qwen3_8b_fsdp", "qwen3_8b_cp", "qwen3_moe_ep"], 8),
     "qwen3_30b_a3b_lora_ep": 8,
     "qwen3_moe_ep4": 4,
