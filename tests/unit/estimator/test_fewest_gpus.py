@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.unit.estimator.test_estimator import INTENDED_WORLD_SIZE
+from tests.helpers.estimator_configs import INTENDED_WORLD_SIZE
 from torchtitan_ablate.config import load_config
 from torchtitan_ablate.estimator import estimate_main
 from torchtitan_ablate.estimator.cuda_model import context_gib

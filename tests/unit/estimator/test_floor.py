@@ -5,7 +5,7 @@ import glob
 
 import pytest
 
-from tests.unit.estimator.test_estimator import DENSE, INTENDED_WORLD_SIZE, MOE, _config
+from tests.helpers.estimator_configs import DENSE, INTENDED_WORLD_SIZE, MOE, _config
 from torchtitan_ablate.build import check_layout
 from torchtitan_ablate.config import ConfigError, load_config
 from torchtitan_ablate.estimator import estimate
