@@ -41,17 +41,24 @@ def is_placeholder(word: str) -> bool:
     return bool(PLACEHOLDER.search(word))
 
 
-def strip_comment(line: str) -> str:
-    """`line` without its `#` comment (a `#` inside quotes, or inside a word, is kept)."""
+def comment_start(line: str, shell: bool = True) -> int | None:
+    """Where `line`'s `#` comment starts, or None. A `#` inside quotes never starts one; with
+    `shell`, neither does a `#` inside a word (`a#b` is one word to the shell; TOML has no such
+    rule)."""
     quote = None
     for i, c in enumerate(line):
         if quote:
             quote = None if c == quote else quote
         elif c in "\"'":
             quote = c
-        elif c == "#" and (i == 0 or line[i - 1].isspace()):
-            return line[:i].rstrip()
-    return line.rstrip()
+        elif c == "#" and (not shell or i == 0 or line[i - 1].isspace()):
+            return i
+    return None
+
+
+def strip_comment(line: str) -> str:
+    """`line` without its `#` comment (a `#` inside quotes, or inside a word, is kept)."""
+    return line[: comment_start(line)].rstrip()
 
 
 def _optional_parts(text: str) -> str:
