@@ -65,6 +65,7 @@ from torchtitan_ablate.components.observability.comm_profile import exposed_and_
 from torchtitan_ablate.components.observability.metrics import device_peak_tflops
 from torchtitan_ablate.config import JobConfig, exit_on_config_error, load_config
 from torchtitan_ablate.distributed import utils as dist_utils
+from torchtitan_ablate.library_warnings import filter_library_warnings
 from torchtitan_ablate.models.registry import state_dict_adapter
 from torchtitan_ablate.step import next_micro_batches, train_step
 
@@ -346,4 +347,5 @@ def main(argv: list[str]) -> list[dict]:
 
 
 if __name__ == "__main__":
+    filter_library_warnings()
     main(sys.argv[1:])

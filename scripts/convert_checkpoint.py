@@ -29,7 +29,6 @@ import math
 import os
 import shutil
 import sys
-import warnings
 from pathlib import Path
 
 
@@ -65,6 +64,7 @@ from torchtitan_ablate.components.checkpoint.hf_export import (
     to_hf,
     write_folder,
 )
+from torchtitan_ablate.library_warnings import filter_library_warnings, ignored
 from torchtitan_ablate.models.registry import state_dict_adapter
 
 
@@ -87,9 +87,7 @@ def main(argv: list[str] | None = None) -> list[str]:
         return to_dcp(a.src, tmp)
 
     try:
-        with warnings.catch_warnings():
-            # One process by design (no_dist=True); DCP still warns about it on every call.
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        with ignored():  # to_dcp's dcp.save on one process, by design
             if a.peft is not None:  # both outputs are new folders, or neither is written
                 check_new_folder(a.peft)
             files = write_folder(a.out, convert)
@@ -103,4 +101,5 @@ def main(argv: list[str] | None = None) -> list[str]:
 
 
 if __name__ == "__main__":
+    filter_library_warnings()
     main()

@@ -31,7 +31,6 @@ import argparse
 import dataclasses
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -81,6 +80,7 @@ from torchtitan_ablate.components.checkpoint.offline_weights import (
 from torchtitan_ablate.components.data.sft import ChatRenderer
 from torchtitan_ablate.components.text.tokenizer import Tokenizer, build_tokenizer
 from torchtitan_ablate.config import ConfigError, load_config
+from torchtitan_ablate.library_warnings import filter_library_warnings
 from torchtitan_ablate.models.common.lora import merge_lora_state_dict
 from torchtitan_ablate.models.registry import (
     get_spec,
@@ -139,10 +139,7 @@ def load_model(
         raise ValueError(f"{checkpoint}: no such folder (give a checkpoint/step-N or HF folder)")
     if (checkpoint / ".metadata").is_file():
         args, settings = dcp_sizes(checkpoint, config)
-        with warnings.catch_warnings():
-            # One process by design (no_dist=True); DCP still warns about it on every call.
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            state = read_dcp_model(checkpoint, args)
+        state = read_dcp_model(checkpoint, args)
         if any(".lora_" in k for k in state):
             if settings is None or settings.get("lora.alpha") is None:
                 raise ValueError(f"{checkpoint} holds LoRA adapters: pass --config for [lora]")
@@ -274,4 +271,5 @@ def main(argv: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":
+    filter_library_warnings()
     main()

@@ -38,6 +38,7 @@ import torch
 from torchtitan_ablate.config import load_config
 from torchtitan_ablate.estimator import estimate
 from torchtitan_ablate.estimator.measure import measure_cpu, measure_cuda
+from torchtitan_ablate.library_warnings import filter_library_warnings
 
 GIB = 1024**3
 
@@ -104,4 +105,5 @@ def _write_table(out: str, world_size: int, rows: list[str], worst: float) -> st
 
 
 if __name__ == "__main__":
+    filter_library_warnings()
     sys.exit(main())

@@ -27,6 +27,9 @@ def estimate(argv: list[str] | None = None) -> None:
     from torchtitan_ablate.config.precheck import check_before_torch
 
     check_before_torch(sys.argv[1:] if argv is None else argv, "python estimation.py", False)
+    from torchtitan_ablate.library_warnings import filter_library_warnings
+
+    filter_library_warnings()
     from torchtitan_ablate.config import run_main  # after the check: the estimator imports torch
     from torchtitan_ablate.estimator import estimate_main
 

@@ -19,13 +19,18 @@ What it adds to torchrun (`python -m torch.distributed.run`, whose options it ta
   Exit code 128 + the signal's number, as for a process killed by it. Ctrl-C: torchrun forwards
   it as SIGINT (the workers stop and save the same way) and a second one as SIGTERM, which ends
   the workers at once (components/preemption.py); exit code 130.
+- OMP_NUM_THREADS, when unset, is this machine's cores shared out among the local workers
+  (at least 1), instead of torchrun's 1 and the banner it prints to say so.
 """
 
+import os
 import sys
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-from torch.distributed.run import parse_args, run
+from torch.distributed.run import determine_local_world_size, parse_args, run
+
+from torchtitan_ablate.library_warnings import filter_library_warnings
 
 TRAINER = "torchtitan_ablate.train"
 LINE_PREFIXES = ("config error:", "error:")
@@ -46,6 +51,24 @@ def check_trainer_config(
         check_dump_folder(config.job.dump_folder)
         if single_node and not config.memory_estimation.enable:
             check_free(config.job.dump_folder)
+
+
+def set_omp_threads(nproc_per_node: str, cores: int | None = None) -> None:
+    """OMP_NUM_THREADS for the workers, unless the user set it. With more than one worker
+    torchrun would set 1 and print a 4-line banner about it; cores / workers keeps CPU ops
+    (gloo training, the data loader's tokenization) from oversubscribing the machine while
+    using it, as 1 on a many-core GPU host would not."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    try:
+        workers = determine_local_world_size(nproc_per_node)
+    except ValueError:  # "gpu" without a GPU: torchrun says so itself
+        return
+    if workers > 1:
+        if cores is None:  # the cores this process may run on (a container's or taskset's)
+            affinity = getattr(os, "sched_getaffinity", None)
+            cores = len(affinity(0)) if affinity else (os.cpu_count() or 1)
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // workers))
 
 
 def _world_size(nproc_per_node: str, nnodes: str) -> int | None:
@@ -110,6 +133,7 @@ def exit_code(codes: list[int]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    filter_library_warnings()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.module and args.training_script == TRAINER:
         check_trainer_config(
@@ -120,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     shown = None
     if args.local_ranks_filter:
         shown = {int(r) for r in args.local_ranks_filter.split(",")}
+    set_omp_threads(args.nproc_per_node)
     try:
         run(args)
     except ChildFailedError as e:

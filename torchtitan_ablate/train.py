@@ -17,6 +17,9 @@ if __name__ == "__main__":  # --help and a config error answer before torch's im
     from torchtitan_ablate.config.precheck import check_before_torch
 
     check_before_torch(sys.argv[1:], "python -m torchtitan_ablate.train")
+    from torchtitan_ablate.library_warnings import filter_library_warnings
+
+    filter_library_warnings()
 
 # Before the first CUDA allocation: growable segments instead of fixed blocks, so a run near the
 # memory limit (Qwen3-4B with AdamW on one 80 GB GPU) does not stall on fragmentation retries.

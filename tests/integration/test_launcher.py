@@ -1,10 +1,12 @@
 """run_train.sh with NGPU=2 (torchrun through torchtitan_ablate.launch) on CPU: SIGTERM reaches
 the workers (and their loader workers survive it) and they save before exiting; an error on the
 rank whose output LOG_RANK hides reaches the terminal as its one line; a config error is one
-line and exit code 2, as without torchrun."""
+line and exit code 2, as without torchrun; a run's console holds no torchrun banner and no
+library warning, and our own warnings still show."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,17 +18,19 @@ ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--training.seq_len", "64", "--training.local_batch_size", "2"]
 
 
-def _launch(tmp_path: Path, args: list[str], **popen) -> subprocess.Popen:
+def _launch(tmp_path: Path, args: list[str], env: dict | None = None, **popen) -> subprocess.Popen:
+    """env: variables set, or (None) unset, on top of this process's."""
     with socket.socket() as s:  # a free rendezvous port: tests may overlap other runs
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, NGPU="2", MASTER_PORT=str(port), PYTHON=sys.executable)
+    env = dict(os.environ, NGPU="2", MASTER_PORT=str(port), PYTHON=sys.executable, **(env or {}))
+    env = {k: v for k, v in env.items() if v is not None}
     cmd = ["./run_train.sh", *SMALL, "--job.dump_folder", str(tmp_path / "run"), *args]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, **popen)
 
 
-def _output(tmp_path: Path, args: list[str]) -> tuple[int, str]:
-    p = _launch(tmp_path, args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def _output(tmp_path: Path, args: list[str], **env: str | None) -> tuple[int, str]:
+    p = _launch(tmp_path, args, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out, _ = p.communicate(timeout=300)
     return p.returncode, out
 
@@ -72,3 +76,16 @@ def test_a_config_error_is_one_line_and_exit_code_2(tmp_path):
         2,
         ["config error: training.steps = 0: must be >= 1"],
     )
+
+
+def test_the_console_says_only_what_matters(tmp_path):
+    # Both ranks shown, and the paths that used to warn: the HF export's one-process DCP read.
+    # Our own warning (warmup 5 > 1 step) must still show.
+    args = ["--training.steps", "1", "--checkpoint.enable", "--checkpoint.last_save_in_hf"]
+    quiet_shell = {"OMP_NUM_THREADS": None, "PYTHONWARNINGS": None}  # as on a newcomer's shell
+    code, out = _output(tmp_path, [*args, "true"], LOG_RANK="0,1", **quiet_shell)
+    assert code == 0, out
+    assert "OMP_NUM_THREADS" not in out and "*****" not in out, out  # torchrun's banner
+    assert not re.search(r"\w*Warning: ", out), out  # Python warnings: file:line: UserWarning:
+    assert "warmup shortened to 1 steps" in out, out
+    assert "run ended: final loss" in out, out

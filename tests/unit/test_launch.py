@@ -2,10 +2,12 @@
 runs are in tests/integration/test_launcher.py)."""
 
 import json
+import os
 
+import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from torchtitan_ablate.launch import _meant_exit_code, exit_code, failure_lines
+from torchtitan_ablate.launch import _meant_exit_code, exit_code, failure_lines, set_omp_threads
 
 
 def _failure(tmp_path, rank: int, exitcode: int, line: str | None, time: float) -> ProcessFailure:
@@ -58,3 +60,20 @@ def test_a_rank_killed_after_writing_its_line_keeps_its_exit_code(tmp_path):
     f = _failure(tmp_path, 1, 2, "config error: x", 1.0)
     f.exitcode = -15  # torchrun's SIGTERM reached the rank on its way out
     assert _meant_exit_code(f) == 2 and exit_code([-6, _meant_exit_code(f)]) == 2
+
+
+@pytest.mark.parametrize(
+    ("env", "nproc", "cores", "expected"),
+    [
+        (None, "2", 8, "4"),  # the cores shared out among the local workers
+        (None, "4", 2, "1"),  # at least 1
+        (None, "1", 8, None),  # one worker: torch's own default (all cores), as torchrun
+        ("3", "2", 8, "3"),  # the user's value stands
+    ],
+)
+def test_omp_threads_unless_the_user_set_them(monkeypatch, env, nproc, cores, expected):
+    monkeypatch.setenv("OMP_NUM_THREADS", env or "")  # restored after the test
+    if env is None:
+        monkeypatch.delenv("OMP_NUM_THREADS")
+    set_omp_threads(nproc, cores=cores)
+    assert os.environ.get("OMP_NUM_THREADS") == expected

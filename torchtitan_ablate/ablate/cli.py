@@ -34,6 +34,7 @@ from torchtitan_ablate.ablate.checkout import run_in_launching_checkout
 from torchtitan_ablate.ablate.environment import ROOT
 from torchtitan_ablate.components.checkpoint.dump_lock import acquire
 from torchtitan_ablate.config import ConfigError
+from torchtitan_ablate.library_warnings import filter_library_warnings
 
 # The checkout this package lives in (an editable install); recipes and run_train.sh are there.
 PROG = "ttablate-ablate"
@@ -146,6 +147,7 @@ def _only(names: str | None, plan: dict) -> set[str] | str | None:
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     if argv is None:  # a command, not a call: the code of the checkout it was launched from
         run_in_launching_checkout(sys.argv[1:], prog)
+        filter_library_warnings()
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv, prog)
     if args.ablation and not (ROOT / "run_train.sh").is_file():

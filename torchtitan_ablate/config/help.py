@@ -33,6 +33,9 @@ reads none of them):
                nodes localhost:29500)
   LOG_RANK     the local ranks whose output the terminal shows, comma-separated (default 0); the
                one-line error of a hidden rank still shows
+  OMP_NUM_THREADS  CPU threads per process (default with NGPU above 1: the cores / NGPU, at
+               least 1)
+  PYTHONWARNINGS  set (e.g. default): the library warnings the trainer filters show again
   TORCH_ELASTIC_SHUTDOWN_TIMEOUT  seconds torchrun gives its workers to stop and save after a
                SIGTERM or Ctrl-C before it kills them (default 300)
   PYTHON       the interpreter (default: the activated VIRTUAL_ENV's, else .venv's, else

@@ -15,6 +15,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torchtitan_ablate.components.checkpoint.run_settings import MODEL_ARGS
 from torchtitan_ablate.components.checkpoint.safe_reader import ForeignObject, SafeReader
 from torchtitan_ablate.components.checkpoint.state import Damaged, read_record, saved_keys
+from torchtitan_ablate.library_warnings import ignored
 from torchtitan_ablate.models.registry import get_spec, state_dict_adapter
 
 
@@ -106,7 +107,8 @@ def read_dcp_model(dcp_dir: Path, args: Any) -> dict[str, torch.Tensor]:
         if isinstance(meta, TensorStorageMetadata) and (key in expected or adapter):
             state[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
     try:
-        dcp.load(state, storage_reader=SafeReader(str(dcp_dir)), no_dist=True)
+        with ignored():  # DCP's warning of no process group: one process is meant here
+            dcp.load(state, storage_reader=SafeReader(str(dcp_dir)), no_dist=True)
     except (Exception, dcp.CheckpointException) as e:  # the latter is a BaseException
         raise ValueError(
             f"{dcp_dir} is damaged: its tensors cannot be read ({_first_error(e)}); convert "

@@ -15,7 +15,6 @@ resumed run steps as its own config says (run_settings.py lists what changed).
 import os
 import pickle
 import random
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +36,7 @@ from torchtitan_ablate.components.checkpoint.folder import METADATA
 from torchtitan_ablate.components.checkpoint.safe_reader import ForeignObject, SafeReader, loads
 from torchtitan_ablate.components.optim.lr_scheduler import set_schedule_step
 from torchtitan_ablate.config import ConfigError
+from torchtitan_ablate.library_warnings import ignored
 
 # Optimizer state keyed by parameter FQN, so it reshards like the model does.
 _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -191,16 +191,14 @@ class Mismatch(ConfigError):
 
 def dcp_save(state: dict[str, Any], path: str) -> None:
     """dcp.save into `path`, with or without a process group."""
-    with warnings.catch_warnings():  # single-process (no process group) is intended, not a slip
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with ignored():  # DCP's warning of no process group: one process is meant here
         dcp.save(state, checkpoint_id=path, no_dist=not dist.is_initialized())
 
 
 def dcp_load(state: dict[str, Any], path: str, alone: bool = False) -> None:
     """dcp.load from `path` in place (alone: this process only, no collective); any failure
     is raised as Damaged or Mismatch."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with ignored():
         reader = SafeReader(path)
         try:
             dcp.load(state, storage_reader=reader, no_dist=alone or not dist.is_initialized())

@@ -16,7 +16,6 @@ import logging
 import os
 import signal
 import threading
-import warnings
 
 import torch
 
@@ -33,6 +32,7 @@ from torchtitan_ablate.components.data.preference import PreferenceDataset, Pref
 from torchtitan_ablate.components.data.sft import SFT_PACKING_MODES, ChatDocuments, SFTDataset
 from torchtitan_ablate.components.text.tokenizer import Tokenizer
 from torchtitan_ablate.config.job_config import Training
+from torchtitan_ablate.library_warnings import ignored
 
 DATASETS = ("synthetic", "text", "chat", "preference")
 
@@ -104,9 +104,7 @@ def build_dataloader(
     # An own generator: iter() would otherwise draw a seed from the global RNG, shifting every
     # random op after a resume (the checkpoint restores the global RNG before iter()).
     generator = torch.Generator().manual_seed(seed)
-    with warnings.catch_warnings():
-        # torchdata 0.11 on torch >= 2.13 calls a deprecated torch.set_vital; harmless noise.
-        warnings.filterwarnings("ignore", message=".*set_vital.*")
+    with ignored():  # torchdata's call of torch.set_vital, deprecated
         return ResumableLoader(
             rows,
             batch_size=local_batch_size,
