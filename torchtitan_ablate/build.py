@@ -115,9 +115,17 @@ def build_parallel_dims(config: JobConfig, world_size: int) -> ParallelDims:
             cp=p.context_parallel_degree,
             ep=p.expert_parallel_degree,
             world_size=world_size,
+            tp=p.tensor_parallel_degree,
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def tp_split(model_args: Any) -> dict[str, int]:
+    """The sizes tensor parallel splits: heads (a rank holds whole heads), the FFN width, and
+    the vocabulary (the embedding and output head are split by rows)."""
+    names = ("n_heads", "n_kv_heads", "hidden_dim", "vocab_size")
+    return {name: getattr(model_args, name) for name in names}
 
 
 def num_microbatches(config: JobConfig, dp: int) -> int:
@@ -144,7 +152,7 @@ def check_layout(config: JobConfig, world_size: int) -> Layout:
         config.debug.moe_force_load_balance,
     )
     try:
-        pd.check_model(model_args.num_experts, config.training.seq_len)
+        pd.check_model(model_args.num_experts, config.training.seq_len, tp_split(model_args))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     grad_accum = num_microbatches(config, pd.dp)

@@ -201,13 +201,13 @@ class Trainer:
             self.trace_profiler.step(self.step)
             # out["tokens"]: the step's global count of tokens the loss counts (labels != -100:
             # no padding, no masked SFT prompt), read by train_step with its non-finite check.
-            # Per GPU: that over the ranks; the cp ranks of a row share its attention work.
-            pd = self.parallel_dims
+            # Per GPU: that over the ranks; the cp and tp ranks of a row share its work (each
+            pd = self.parallel_dims  # tp rank holds the whole row's ids: count 1 / tp of them).
             self.metrics.add_tokens(
-                sum(b["input_ids"].numel() for b in batches),
+                sum(b["input_ids"].numel() for b in batches) // pd.tp,
                 data_time,
                 trained_tokens=out["tokens"] / pd.world_size,
-                attention_pairs=self.step_pairs / pd.cp,
+                attention_pairs=self.step_pairs / (pd.cp * pd.tp),
                 profiled=self.comm_profiler.covers(self.step),
             )
             self.train_state.step = self.step

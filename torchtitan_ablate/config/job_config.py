@@ -208,6 +208,15 @@ class Parallelism:
     rows); tokens sends it once to each rank holding one of its experts and sums there (as
     DeepEP; 2.2x fewer bytes at top-8 of 128 experts over 4 ranks)."""
 
+    tensor_parallel_degree: int = 1
+    """Ranks each layer's weights are split over (tensor parallel with sequence parallel, the
+    innermost mesh dimension). Dense models only; must divide n_heads, n_kv_heads, hidden_dim,
+    vocab_size and training.seq_len."""
+
+    enable_async_tensor_parallel: bool = False
+    """Overlap tensor parallel's collectives with its matmuls under torch.compile. Not
+    supported yet: true is refused."""
+
     fsdp_cpu_offload: bool = False
     """Keep sharded parameters, gradients and optimizer state in CPU memory (FSDP2 offload).
     CUDA only, and FSDP must be applied: more than one rank or bf16 parameters."""

@@ -38,9 +38,10 @@ class Attention(nn.Module):
     def forward(
         self, x_BSD: torch.Tensor, cos_BSK: torch.Tensor, sin_BSK: torch.Tensor, mask: AttentionMask
     ) -> torch.Tensor:
-        q_BSHK = self.q_norm(self.wq(x_BSD).unflatten(-1, (self.n_heads, self.head_dim)))
-        k_BSJK = self.k_norm(self.wk(x_BSD).unflatten(-1, (self.n_kv_heads, self.head_dim)))
-        v_BSJK = self.wv(x_BSD).unflatten(-1, (self.n_kv_heads, self.head_dim))
+        # Heads counted from the projection (-1): under tensor parallel a rank holds H / tp.
+        q_BSHK = self.q_norm(self.wq(x_BSD).unflatten(-1, (-1, self.head_dim)))
+        k_BSJK = self.k_norm(self.wk(x_BSD).unflatten(-1, (-1, self.head_dim)))
+        v_BSJK = self.wv(x_BSD).unflatten(-1, (-1, self.head_dim))
         q_BSHK, k_BSJK = apply_rope(q_BSHK, cos_BSK, sin_BSK), apply_rope(k_BSJK, cos_BSK, sin_BSK)
         out_BSHK = self.attention_fn(q_BSHK, k_BSJK, v_BSJK, mask)
         return self.wo(out_BSHK.flatten(-2))

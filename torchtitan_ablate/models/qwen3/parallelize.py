@@ -5,12 +5,18 @@ The order is fixed and matters:
    their base weights, and its adapted projections are no longer nn.Linear, so float8 leaves
    them (frozen base included) in high precision instead of dropping the adapters.
 1. float8: later wrappers must see the final module types.
-2. expert parallel: installs token dispatch/combine around the routed experts.
-3. context parallel: wraps attention so it sees every key/value of the sharded sequence.
-4. activation checkpointing: wraps whole blocks, so it goes after the modules inside them.
-5. torch.compile per block: after AC (the checkpoint is compiled with the block) and before
+2. tensor parallel, first of the parallelisms (as torchtitan): it replaces the Linear weights
+   with DTensors split over the tp ranks and hooks their inputs and outputs; everything after
+   it (checkpoint wrappers, compiled blocks, FSDP's sharding of those DTensors over the dp ranks
+   as a 2-D layout) must see the final parameters and hooks. float8 with TP is refused for now:
+   torchtitan converts first too, then uses torchao's float8 TP styles for tensorwise scaling
+   so the TP all-gathers move float8; that path needs CUDA to prove equal.
+3. expert parallel: installs token dispatch/combine around the routed experts.
+4. context parallel: wraps attention so it sees every key/value of the sharded sequence.
+5. activation checkpointing: wraps whole blocks, so it goes after the modules inside them.
+6. torch.compile per block: after AC (the checkpoint is compiled with the block) and before
    FSDP, so FSDP's hooks stay outside the compiled graphs.
-6. FSDP2 / HSDP last: it shards whatever parameters the steps above left in place.
+7. FSDP2 / HSDP last: it shards whatever parameters the steps above left in place.
 """
 
 import logging
@@ -34,6 +40,7 @@ from torchtitan_ablate.distributed.fsdp import (
     param_dtype,
 )
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
+from torchtitan_ablate.distributed.tensor_parallel import apply_tp
 from torchtitan_ablate.models.common.lora import apply_lora
 
 logger = logging.getLogger("torchtitan_ablate")
@@ -91,8 +98,9 @@ def parallelize_qwen3(
     Inductor on fake tensors)."""
     pd = parallel_dims
     dtype = param_dtype(job_config.training, device_type)
-    # FSDP2 also on one GPU: its MixedPrecisionPolicy gives bf16 compute over fp32 weights.
-    use_fsdp = pd.dp > 1 or pd.cp > 1 or dtype != torch.float32
+    # FSDP2 also on one GPU: its MixedPrecisionPolicy gives bf16 compute over fp32 weights. And
+    # with TP on one dp rank: it sums the replicated weights' pending (Partial) tp gradients.
+    use_fsdp = pd.dp > 1 or pd.cp > 1 or pd.tp > 1 or dtype != torch.float32
     check_fsdp_knobs(job_config, device_type, use_fsdp)
 
     lora = job_config.lora
@@ -101,6 +109,10 @@ def parallelize_qwen3(
 
     if job_config.float8.enable:
         apply_float8(model, job_config.float8, device_type, fsdp_enabled=use_fsdp)
+
+    if pd.tp_enabled:
+        apply_tp(model, pd.mesh("tp"))
+        logger.info(f"tensor parallel: weights split over {pd.tp} ranks (sequence parallel)")
 
     if pd.ep_enabled:
         tokens = job_config.parallelism.expert_parallel_dispatch == "tokens"
