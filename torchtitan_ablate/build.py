@@ -121,13 +121,6 @@ def build_parallel_dims(config: JobConfig, world_size: int) -> ParallelDims:
         raise ConfigError(str(e)) from None
 
 
-def tp_split(model_args: Any) -> dict[str, int]:
-    """The sizes tensor parallel splits: heads (a rank holds whole heads), the FFN width, and
-    the vocabulary (the embedding and output head are split by rows)."""
-    names = ("n_heads", "n_kv_heads", "hidden_dim", "vocab_size")
-    return {name: getattr(model_args, name) for name in names}
-
-
 def num_microbatches(config: JobConfig, dp: int) -> int:
     t = config.training
     per_micro = t.local_batch_size * dp
@@ -145,14 +138,21 @@ def check_layout(config: JobConfig, world_size: int) -> Layout:
     """Every check made before anything is built (shared by the trainer, the estimator and the
     ablation dry run): degrees vs world size, model vs degrees, batch vs data parallel."""
     pd = build_parallel_dims(config, world_size)
-    model_args = get_spec(config.model.name).build_args(
+    spec = get_spec(config.model.name)
+    model_args = spec.build_args(
         config.model,
         config.training.seq_len,
         config.checkpoint.initial_load_path,
         config.debug.moe_force_load_balance,
     )
+    if pd.tp_enabled and spec.tp_split is None:
+        raise ConfigError(
+            f"parallelism.tensor_parallel_degree = {pd.tp}: model.name = {config.model.name!r} "
+            "has no tensor parallel; set it to 1"
+        )
+    tp_split = spec.tp_split(model_args) if spec.tp_split is not None else None
     try:
-        pd.check_model(model_args.num_experts, config.training.seq_len, tp_split(model_args))
+        pd.check_model(model_args.num_experts, config.training.seq_len, tp_split)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     grad_accum = num_microbatches(config, pd.dp)

@@ -42,8 +42,17 @@ from torchtitan_ablate.distributed.fsdp import (
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.distributed.tensor_parallel import apply_tp
 from torchtitan_ablate.models.common.lora import apply_lora
+from torchtitan_ablate.models.qwen3.args import Qwen3ModelArgs
 
 logger = logging.getLogger("torchtitan_ablate")
+
+
+def tp_split_sizes(args: Qwen3ModelArgs) -> dict[str, int]:
+    """The sizes apply_tp splits over the tp ranks: query and kv heads (each rank holds whole
+    heads, and its query heads' kv heads), the FFN width, and the vocabulary (embedding and
+    output head rows)."""
+    names = ("n_heads", "n_kv_heads", "hidden_dim", "vocab_size")
+    return {name: getattr(args, name) for name in names}
 
 
 def check_fsdp_knobs(job_config: JobConfig, device_type: str, use_fsdp: bool) -> None:
