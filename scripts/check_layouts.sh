@@ -13,8 +13,8 @@ count of --worlds, all on the same global batches (training.data_sharding = "row
 the one-GPU run's (scripts/compare_runs.py). Exit 1 if a run failed or left --rtol.
 
 Layouts at each world size W: FSDP W, FSDP W in ZeRO-2 mode (reshard never), replicate W,
-CP 2 x FSDP W/2, FSDP W with full activation checkpointing, MoE with EP W; at W = 4 also
-HSDP 2x2 and HSDP 2x2 x EP 2.
+CP 2 x FSDP W/2, FSDP W with full activation checkpointing, TP 2 x FSDP W/2, MoE with EP W; at
+W = 4 also HSDP 2x2 and HSDP 2x2 x EP 2.
 
 Writes OUT/<run>/ (metrics.jsonl, config.toml), OUT/<run>.log, and the verdict tables
 OUT/compare_dense.md and OUT/compare_moe.md.
@@ -113,6 +113,7 @@ for w in $worlds; do
     $P.data_parallel_shard_degree 1
   train "dense_cp2_w$w" "$w" dense $P.context_parallel_degree 2
   train "dense_fsdp${w}_ac_full" "$w" dense --activation_checkpoint.mode full
+  train "dense_tp2_w$w" "$w" dense $P.tensor_parallel_degree 2
   train "moe_ep$w" "$w" moe $P.expert_parallel_degree "$w"
   if [ "$w" = 4 ]; then
     train dense_hsdp2x2 4 dense $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2
