@@ -10,7 +10,9 @@ The order is fixed and matters:
    it (checkpoint wrappers, compiled blocks, FSDP's sharding of those DTensors over the dp ranks
    as a 2-D layout) must see the final parameters and hooks. float8 with TP is refused for now:
    torchtitan converts first too, then uses torchao's float8 TP styles for tensorwise scaling
-   so the TP all-gathers move float8; that path needs CUDA to prove equal.
+   so the TP all-gathers move float8; that path needs CUDA to prove equal. LoRA with TP is
+   refused too (TP's styles split nn.Linear, which LoRA's adapted projections no longer are).
+   With TP, FSDP is applied even over one dp rank (step 7).
 3. expert parallel: installs token dispatch/combine around the routed experts.
 4. context parallel: wraps attention so it sees every key/value of the sharded sequence.
 5. activation checkpointing: wraps whole blocks, so it goes after the modules inside them.
