@@ -6,14 +6,25 @@
 #                without MASTER_PORT: a free port)
 set -euo pipefail
 cd "$(dirname "$0")"
-for arg in "$@"; do  # help needs only the package's config code: no environment, no torch
+CONFIG_FILE=${CONFIG_FILE:-train_configs/debug_model.toml}
+# Help and the config's own checks need only the package's config code: no environment, no torch
+# (each torch import below takes seconds), so a typo is one line and exit code 2 at once. A python
+# that cannot run this check (say 3.10 without tomli) leaves it to the trainer.
+light=(env PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m)
+for arg in "$@"; do
   if [ "$arg" = "--help" ] || [ "$arg" = "-h" ]; then
-    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m torchtitan_ablate.config.help "$@"
+    exec "${light[@]}" torchtitan_ablate.config.help "$@"
   fi
 done
+config=(--job.config_file "$CONFIG_FILE" "$@")
+if checked=$("${light[@]}" torchtitan_ablate.config.precheck "${config[@]}" 2>&1); then
+  :
+elif [ $? = 2 ]; then
+  echo "$checked" >&2
+  exit 2
+fi
 source scripts/setup_env.sh
 
-CONFIG_FILE=${CONFIG_FILE:-train_configs/debug_model.toml}
 if [ -z "${NGPU:-}" ]; then
   NGPU=$("$PYTHON" -c "import torch; print(max(torch.cuda.device_count(), 1))")
 fi

@@ -29,6 +29,33 @@ import traceback
 import warnings
 from typing import Any
 
+from torchtitan_ablate.components.text.bench_corpus import DEFAULT_OUT, with_corpus
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The bench's own options, and the rest (the config's --section.key value)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--peer", choices=["hf"], default=None)
+    parser.add_argument("--peer-compile", action="store_true")
+    parser.add_argument("--peer-bf16-weights", action="store_true", help="peer in pure bf16")
+    parser.add_argument("--profile", action="store_true", help="kernel-class breakdown")
+    parser.add_argument("--trace", help="with --profile: rank 0's chrome trace here (.gz ok)")
+    parser.add_argument("--bench-corpus", nargs="?", const=DEFAULT_OUT, metavar="DIR")
+    args, rest = parser.parse_known_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: timed steps, at least 1")
+    if args.trace and not args.profile:
+        parser.error("--trace writes the profiled steps' trace: add --profile")
+    if args.warmup < 0:
+        parser.error(f"--warmup {args.warmup}: warm-up steps, 0 or more")
+    return args, rest
+
+
+if __name__ == "__main__":  # --help and a wrong option answer before torch's imports (seconds)
+    parse_args(sys.argv[1:])
+
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
@@ -36,7 +63,6 @@ from torch.profiler import ProfilerActivity, profile
 from torchtitan_ablate.build import build_data, build_layout, build_run
 from torchtitan_ablate.components.observability.comm_profile import exposed_and_idle, is_gpu_kernel
 from torchtitan_ablate.components.observability.metrics import device_peak_tflops
-from torchtitan_ablate.components.text.bench_corpus import DEFAULT_OUT, with_corpus
 from torchtitan_ablate.config import JobConfig, exit_on_config_error, load_config
 from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.models.registry import state_dict_adapter
@@ -264,26 +290,7 @@ def _row(r: dict, flops_per_token: float, peak: float | None) -> dict:
 
 
 def main(argv: list[str]) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--peer", choices=["hf"], default=None)
-    parser.add_argument("--peer-compile", action="store_true")
-    parser.add_argument(
-        "--peer-bf16-weights", action="store_true", help="peer in pure bf16 (see bench_hf)"
-    )
-    parser.add_argument("--profile", action="store_true", help="kernel-class breakdown")
-    parser.add_argument(
-        "--trace", default=None, help="with --profile: rank 0 writes the chrome trace here (.gz ok)"
-    )
-    parser.add_argument("--bench-corpus", nargs="?", const=DEFAULT_OUT, metavar="DIR")
-    args, rest = parser.parse_known_args(argv)
-    if args.steps < 1:
-        parser.error(f"--steps {args.steps}: timed steps, at least 1")
-    if args.trace and not args.profile:
-        parser.error("--trace writes the profiled steps' trace: add --profile")
-    if args.warmup < 0:
-        parser.error(f"--warmup {args.warmup}: warm-up steps, 0 or more")
+    args, rest = parse_args(argv)
     # Checked before the engine's benchmark, which would otherwise run only to fail afterwards.
     if args.peer == "hf" and importlib.util.find_spec("transformers") is None:
         print("bench: --peer hf needs transformers: pip install transformers", file=sys.stderr)
@@ -307,15 +314,8 @@ def main(argv: list[str]) -> list[dict]:
         gc.collect()  # the engine's model and optimizer state go before the peer is built
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        hf = bench_hf(
-            config,
-            model_args,
-            batches,
-            args.warmup,
-            args.steps,
-            args.peer_compile,
-            args.peer_bf16_weights,
-        )
+        hf = bench_hf(config, model_args, batches, args.warmup, args.steps, args.peer_compile,
+                      args.peer_bf16_weights)  # fmt: skip
         if hf is not None:
             rows.append(_row(hf, flops, peak))
             rows[-1]["engine_speedup"] = rows[0]["tps"] / rows[-1]["tps"]

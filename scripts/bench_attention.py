@@ -11,12 +11,27 @@ Needs CUDA.
 
 import argparse
 
+from torchtitan_ablate.config.job_config import Model
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=Model.name, help="model family (as model.name)")
+    parser.add_argument("--flavor", default="0.6B")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--reps", type=int, default=10)
+    return parser
+
+
+if __name__ == "__main__":  # --help and a wrong option answer before torch's imports (seconds)
+    build_parser().parse_args()
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from torchtitan_ablate.config import ConfigError
-from torchtitan_ablate.config.job_config import Model
 from torchtitan_ablate.models.common import attention as attn
 from torchtitan_ablate.models.registry import get_spec
 
@@ -74,12 +89,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=Model.name, help="model family (as model.name)")
-    parser.add_argument("--flavor", default="0.6B")
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=4096)
-    parser.add_argument("--reps", type=int, default=10)
+    parser = build_parser()
     args = parser.parse_args()
     try:
         flavors = get_spec(args.model).flavors

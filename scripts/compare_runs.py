@@ -6,7 +6,8 @@ Reads each folder's metrics.jsonl and prints, per run, the largest relative loss
 the reference over the steps both logged, the step where it occurs, and whether it is within
 --rtol. Exit code 1 when any run is outside (or shares no step with the reference, or failed:
 no metrics.jsonl or no logged step); 2 with one line when a metrics.jsonl is unreadable or the
-reference has no logged step.
+reference has no logged step. A half-written last row (a run killed while writing it) is skipped
+with a warning.
 """
 
 import argparse

@@ -29,7 +29,6 @@ import dataclasses
 import json
 import math
 import os
-import secrets
 import shutil
 import sys
 import warnings
@@ -37,10 +36,35 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--to", choices=["hf", "dcp"], required=True)
+    p.add_argument("src", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--flavor", help="flavor name, or an HF folder / config.json (--to hf)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="--to hf dtype")
+    p.add_argument("--max_shard_gib", type=float, default=5.0)
+    p.add_argument("--lora_alpha", type=float, help="LoRA alpha of a checkpoint recording none")
+    p.add_argument("--peft", type=Path, metavar="PEFT_DIR", help="also the adapters, PEFT layout")
+    a = p.parse_args(argv)
+    if a.peft is not None and (a.to != "hf" or a.peft.resolve() == a.out.resolve()):
+        p.error("--peft PEFT_DIR needs --to hf and a folder other than OUT_DIR")
+    if not (a.max_shard_gib > 0 and math.isfinite(a.max_shard_gib)):
+        p.error(f"--max_shard_gib {a.max_shard_gib:g}: the shard size in GiB, more than 0")
+    if not a.src.is_dir():
+        p.error(f"{a.src} is not a folder")
+    return a
+
+
+if __name__ == "__main__":  # --help and a wrong option answer before torch's imports (seconds)
+    parse_args(sys.argv[1:])
+
 import tomllib
 import torch
 import torch.distributed.checkpoint as dcp
 
+from torchtitan_ablate.components.checkpoint.export_folder import remove_stale, temp_folder
 from torchtitan_ablate.components.checkpoint.hf import SafetensorsFolder, save_hf_checkpoint
 from torchtitan_ablate.components.checkpoint.offline_weights import (
     find_run_toml,
@@ -188,11 +212,13 @@ def check_new_folder(out: Path) -> None:
 
 def write_folder(out: Path, write: Callable[[Path], list[str]]) -> list[str]:
     """Runs write(tmp) on a fresh folder beside out, then renames it to out: a failed
-    conversion leaves no partial (or empty) output behind."""
+    conversion leaves no partial (or empty) output behind, a killed one a folder that the next
+    conversion there removes (components/checkpoint/export_folder.py)."""
     check_new_folder(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(out.parent)
     # Not tempfile.mkdtemp: its folder is mode 0700, and the rename below would keep that.
-    tmp = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    tmp = temp_folder(out)
     tmp.mkdir()  # the umask's mode, like any folder the user makes
     try:
         files = write(tmp)
@@ -204,22 +230,7 @@ def write_folder(out: Path, write: Callable[[Path], list[str]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> list[str]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--to", choices=["hf", "dcp"], required=True)
-    p.add_argument("src", type=Path)
-    p.add_argument("out", type=Path)
-    p.add_argument("--flavor", help="flavor name, or an HF folder / config.json (--to hf)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="--to hf dtype")
-    p.add_argument("--max_shard_gib", type=float, default=5.0)
-    p.add_argument("--lora_alpha", type=float, help="LoRA alpha of a checkpoint recording none")
-    p.add_argument("--peft", type=Path, metavar="PEFT_DIR", help="also the adapters, PEFT layout")
-    a = p.parse_args(argv)
-    if a.peft is not None and (a.to != "hf" or a.peft.resolve() == a.out.resolve()):
-        p.error("--peft PEFT_DIR needs --to hf and a folder other than OUT_DIR")
-    if not (a.max_shard_gib > 0 and math.isfinite(a.max_shard_gib)):
-        p.error(f"--max_shard_gib {a.max_shard_gib:g}: the shard size in GiB, more than 0")
-    if not a.src.is_dir():
-        p.error(f"{a.src} is not a folder")
+    a = parse_args(argv)
 
     def convert(tmp: Path) -> list[str]:
         if a.to == "hf":

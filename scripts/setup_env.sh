@@ -5,7 +5,18 @@ _root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 _mods="torch, torchdata, tiktoken, sentencepiece, safetensors"
 [ "${EXTRAS:-}" = "dev" ] && _mods="$_mods, pytest, transformers"
 
-_usable() { PYTHONPATH="$_root${PYTHONPATH:+:$PYTHONPATH}" "$1" -c "import $_mods" 2>/dev/null; }
+# The import check costs a torch import (~3 s a launch): .venv's python passes it once after each
+# install, and a stamp newer than pyproject.toml stands for it after that (dev covers the base).
+_venv_py="$_root/.venv/bin/python"
+_stamps=("$_root/.venv/.usable-dev")
+[ "${EXTRAS:-}" = "dev" ] || _stamps+=("$_root/.venv/.usable")
+_usable() {
+  if [ "$1" = "$_venv_py" ]; then
+    for _s in "${_stamps[@]}"; do [ "$_s" -nt "$_root/pyproject.toml" ] && return 0; done
+  fi
+  PYTHONPATH="$_root${PYTHONPATH:+:$PYTHONPATH}" "$1" -c "import $_mods" 2>/dev/null || return 1
+  if [ "$1" = "$_venv_py" ]; then touch "${_stamps[-1]}" 2>/dev/null || true; fi
+}
 
 if [ -n "${PYTHON:-}" ] && _usable "$PYTHON"; then
   :

@@ -4,7 +4,8 @@ first logged step, TFLOP/s, MFU, peak memory and the loss at the last step.
     python scripts/summarize_runs.py outputs/run_a outputs/run_b ...
 
 A folder whose metrics.jsonl is missing, empty or unreadable gets a "failed" row and one line on
-stderr naming it; the exit code is then 2 (the other rows are still printed).
+stderr naming it; the exit code is then 2 (the other rows are still printed). A half-written last
+row (a run killed while writing it) is skipped with a warning.
 """
 
 import argparse

@@ -19,6 +19,20 @@ import os
 import shlex
 import sys
 
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--configs", nargs="+", required=True)
+    parser.add_argument(
+        "--world_size", type=int, default=None, help="ranks (default: 1 GPU, or 2 CPU ranks)"
+    )
+    parser.add_argument("--out", default=None, help="write the markdown table here")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":  # --help and a wrong option answer before torch's imports (seconds)
+    parse_args(sys.argv[1:])
+
 import torch
 
 from torchtitan_ablate.config import load_config
@@ -29,13 +43,7 @@ GIB = 1024**3
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--configs", nargs="+", required=True)
-    parser.add_argument(
-        "--world_size", type=int, default=None, help="ranks (default: 1 GPU, or 2 CPU ranks)"
-    )
-    parser.add_argument("--out", default=None, help="write the markdown table here")
-    args = parser.parse_args()
+    args = parse_args(sys.argv[1:])
     cuda = torch.cuda.is_available()
     world_size = args.world_size or (1 if cuda else 2)
     print(f"measured by: {'cuda active_bytes.all.peak' if cuda else 'tracker on real gloo ranks'}")

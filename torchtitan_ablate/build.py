@@ -26,9 +26,9 @@ from torchtitan_ablate.components.objective.dpo import build_dpo_loss, count_pai
 from torchtitan_ablate.components.objective.loss import (
     check_kernel_loss,
     chunked_loss_head,
+    count_valid_tokens,
     cross_entropy_sum,
     kernel_loss_head,
-    num_valid_tokens,
 )
 from torchtitan_ablate.components.optim.lr_scheduler import build_lr_scheduler
 from torchtitan_ablate.components.optim.optimizer import build_optimizer
@@ -79,10 +79,6 @@ class Layout:
     grad_accum: int
     sequences_per_step: int
     """Sequences per optimizer step over all ranks (the global batch)."""
-
-
-def count_valid_tokens(batch: dict) -> torch.Tensor:
-    return num_valid_tokens(batch["labels"])
 
 
 @dataclass
@@ -197,6 +193,8 @@ def build_data(
         pin_memory=device.type == "cuda",
         max_bad_rows=config.dpo.max_bad_rows,
     )
+    # After the data checks: a bad dataset path stays the only line a failed start prints.
+    logger.info(f"tokenizer: {config.model.tokenizer_path} ({tokenizer.vocab_size:,} tokens)")
     return tokenizer, dataloader
 
 

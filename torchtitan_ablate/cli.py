@@ -23,10 +23,10 @@ def estimate(argv: list[str] | None = None) -> None:
     """Per-GPU peak-memory estimate without a GPU: `ttablate-estimate --job.config_file X`
     [--memory_estimation.world_size N] [--memory_estimation.device_memory_gib G]
     [--memory_estimation.output estimate.json] [any --section.key value]."""
-    from torchtitan_ablate.config.help import exit_if_help
+    from torchtitan_ablate.config.precheck import check_before_torch
 
-    exit_if_help(sys.argv[1:] if argv is None else argv, "python estimation.py")
-    from torchtitan_ablate.config import run_main  # after the help: the estimator imports torch
+    check_before_torch(sys.argv[1:] if argv is None else argv, "python estimation.py")
+    from torchtitan_ablate.config import run_main  # after the check: the estimator imports torch
     from torchtitan_ablate.estimator import estimate_main
 
     run_main(estimate_main, argv)

@@ -8,17 +8,16 @@ validation, profilers, preemption and the loop. Legend: B batch, S sequence, V v
 import gc
 import logging
 import os
-import signal
 import statistics
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
 
-if __name__ == "__main__":  # --help answers before the seconds of torch imports below
-    from torchtitan_ablate.config.help import exit_if_help
+if __name__ == "__main__":  # --help and a config error answer before torch's imports (seconds)
+    from torchtitan_ablate.config.precheck import check_before_torch
 
-    exit_if_help(sys.argv[1:], "python -m torchtitan_ablate.train")
+    check_before_torch(sys.argv[1:], "python -m torchtitan_ablate.train")
 
 # Before the first CUDA allocation: growable segments instead of fixed blocks, so a run near the
 # memory limit (Qwen3-4B with AdamW on one 80 GB GPU) does not stall on fragmentation retries.
@@ -45,6 +44,7 @@ from torchtitan_ablate.components.observability.metrics import (
 )
 from torchtitan_ablate.components.observability.profiling import TraceProfiler
 from torchtitan_ablate.components.observability.trackers import check_trackers
+from torchtitan_ablate.components.preemption import Preemption
 from torchtitan_ablate.config import JobConfig, check_dump_folder, run_main, write_config
 from torchtitan_ablate.config.dpo_config import DPO_FLOPS_FACTOR, dpo_enabled
 from torchtitan_ablate.config.errors import report
@@ -141,7 +141,7 @@ class Trainer:
         )
         self.step = 0
         self.nonfinite_in_a_row = 0
-        self.stop_requested = False
+        self.preemption = Preemption(config.training.sigterm_grace_seconds, self._on_hang)
         n_params = sum(p.numel() for p in model.parameters())
         n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         if config.job.description:
@@ -184,13 +184,14 @@ class Trainer:
             init_reference(self.model, self.run.reference)
         last = config.training.steps
         self.metrics.open(resumed_step=self.step, last_step=last)
-        previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.preemption.install()  # SIGTERM: stop and save at the end of the step, or exit
         gc.disable()
         data_iter = iter(self.dataloader)
         records = []
         first = self.step + 1
         while self.step < last:
             self.step += 1
+            self.preemption.step_started(self.step)
             if self.step % config.training.gc_freq == 0:
                 gc.collect(1)
             batches, data_time = self.next_batches(data_iter)
@@ -219,14 +220,17 @@ class Trainer:
                 values["tokens_seen"] = self.train_state.tokens_seen
                 if validate:
                     start = time.perf_counter()
-                    values["validation_loss"] = self.validator.run(self.model, self.loss_fn)
+                    values |= self.validator.run(self.model, self.loss_fn, self.run.loss_count)
                     self.metrics.exclude_time(time.perf_counter() - start)
                 records.append(self.metrics.log(self.step, values))
             # Every step, so a SIGTERM stops the run at the next step boundary whatever
             # log_freq: one scalar all-reduce and host read per step on several ranks, after
-            # the optimizer step is queued (a second sync besides the non-finite check's).
+            # the optimizer step is queued (a second sync besides the non-finite check's). All
+            # ranks stop (and save) at the same step, so rank 0's throughput verdict rides on it.
             measured = log_now and self._throughput_measured(records)
-            sigterm, measured = self._stop_requested_anywhere(measured)
+            flags = [self.preemption.requested, measured and self.is_writer]
+            sigterm, measured = dist_utils.any_rank(flags, self.device)
+            self.preemption.step_ended()  # every rank knows whether to stop: the step is over
             stop = self.step == config.training.exit_at_step or sigterm or measured
             saved = self.checkpointer.save(self.step, force=self.step == last or stop)
             if self.step == first:  # start-up is over: a stalled rank now fails the others sooner
@@ -239,8 +243,7 @@ class Trainer:
                 logger.info(f"stopping at step {self.step} ({why}; {what})")
                 break
         gc.enable()
-        # A process that goes on (tests, notebooks) gets its own SIGTERM behaviour back.
-        signal.signal(signal.SIGTERM, previous_handler)
+        self.preemption.restore()
         self.comm_profiler.close()
         self.trace_profiler.close()
         self.metrics.close()
@@ -278,12 +281,14 @@ class Trainer:
             )
             return
         in_a_row = f" ({self.nonfinite_in_a_row} steps in a row)" if limit else ""
-        saved = self.checkpointer.complete_steps() if self.config.checkpoint.enable else []
-        newest = f"step-{saved[-1]}" if saved else "none"
         raise NonFiniteError(
             f"step {self.step}: non-finite {nonfinite}{in_a_row}: training stopped, nothing "
-            f"saved at this step (newest checkpoint: {newest})"
+            f"saved at this step (newest checkpoint: {self._newest()})"
         )
+
+    def _newest(self) -> str:
+        saved = self.checkpointer.complete_steps() if self.config.checkpoint.enable else []
+        return f"step-{saved[-1]}" if saved else "none"
 
     def _throughput_measured(self, records: list[dict]) -> bool:
         """Whether the steady-state tokens/s median is known within
@@ -304,22 +309,11 @@ class Trainer:
             )
         return True
 
-    def _stop_requested_anywhere(self, measured: bool) -> tuple[bool, bool]:
-        """(any rank got SIGTERM, rank 0's throughput is measured): all ranks must stop (and
-        save) at the same step, and their timings differ, so rank 0's verdict rides on the
-        same all-reduce."""
-        if self.parallel_dims.world_size == 1:
-            return self.stop_requested, measured
-        flags = [float(self.stop_requested), float(measured and self.is_writer)]
-        flags_t = torch.tensor(flags, device=self.device)
-        sigterm, measured = dist_utils.all_reduce_max(
-            flags_t, torch.distributed.group.WORLD
-        ).tolist()
-        return bool(sigterm), bool(measured)
-
-    def _on_sigterm(self, signum: int, frame: object) -> None:
-        logger.warning("SIGTERM: stopping at the end of this step, with every rank")
-        self.stop_requested = True
+    def _on_hang(self, step: int) -> str:
+        """Before a step that outlived the SIGTERM grace ends the process: frees the lock."""
+        if self.lock is not None:
+            self.lock.release()
+        return f" (newest checkpoint: {self._newest()})"
 
 
 def main(config: JobConfig) -> list[dict]:
@@ -336,7 +330,11 @@ def main(config: JobConfig) -> list[dict]:
         if config.checkpoint.create_seed_checkpoint:
             create_seed_checkpoint(config)
             return []
-        return Trainer(config).train()
+        trainer = Trainer(config)
+        try:
+            return trainer.train()
+        finally:  # the SIGTERM timer of a step that raised does not outlive it
+            trainer.preemption.restore()
     except NonFiniteError as e:
         # One line and its own exit code, on every rank alike (all ranks agree on the values);
         # report() also leaves it for the multi-process launcher.

@@ -90,3 +90,15 @@ def assert_resumes_exactly(make_loader: Callable[[], object], skip: int, check: 
         got = next(resumed)
         for k in want:
             assert torch.equal(got[k], want[k]), k
+
+
+def damage_row_group(path: Path, group: int) -> None:
+    """Overwrites the text column's pages of one row group of a parquet file in place (its page
+    headers no longer parse); the footer, so the schema and row counts, stays intact."""
+    import pyarrow.parquet as pq
+
+    chunk = pq.ParquetFile(path).metadata.row_group(group).column(0)
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    with open(path, "r+b") as f:
+        f.seek(start)
+        f.write(b"\xff" * chunk.total_compressed_size)

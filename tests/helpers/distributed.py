@@ -122,6 +122,10 @@ def _worker(
     try:
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+        # gloo connects the ranks pairwise in init: on a loaded machine a rank could finish, fail
+        # at once (a test of a bad config) and close its sockets while a slower peer was still
+        # connecting, which that peer reports as "Connection closed by peer".
+        dist.barrier()
         result = fn(*args)
         if dist.is_initialized():  # fn may have torn the group down itself (the trainer does)
             # Without a barrier a fast rank's teardown can abort a gloo peer still in a collective.

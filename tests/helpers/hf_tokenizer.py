@@ -1,5 +1,6 @@
 """A small Qwen-layout BPE tokenizer.json (the Hugging Face `tokenizers` format) on disk."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,17 @@ def make_hf_tokenizer_json(
     path.parent.mkdir(parents=True, exist_ok=True)
     hf.save(str(path))
     return hf
+
+
+CHAT_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+
+
+def make_chat_tokenizer_folder(folder: Path, template: object, texts: list[str]) -> Path:
+    """A tiny Qwen-layout tokenizer.json with the chat specials, trained on `texts`, and its
+    tokenizer_config.json with `template` as chat_template (None: no template)."""
+    make_hf_tokenizer_json(folder / "tokenizer.json", CHAT_SPECIALS, texts)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>"}
+    if template is not None:
+        config["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder

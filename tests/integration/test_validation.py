@@ -1,11 +1,17 @@
 """[validation]: the held-out loss is the token-weighted mean cross-entropy over the same rows at
 every validation, it leaves training (losses, expert-load metrics) untouched, and it is the same
-under data, context and expert parallel layouts of the same global rows."""
+under data, context and expert parallel layouts of the same global rows. With DPO: the held-out
+preference loss, reward accuracy and margin are TRL's over the validation pairs, on the console
+line too."""
 
+from pathlib import Path
+
+import pytest
 import torch
 import torch.distributed as dist
 
-from tests.helpers.distributed import run_distributed
+from tests.helpers.distributed import captured_log, run_distributed
+from tests.helpers.hf_model import make_hf
 from tests.helpers.parallel_harness import build_trainer
 from torchtitan_ablate.components.data import build_dataloader
 from torchtitan_ablate.components.objective.loss import cross_entropy_sum, num_valid_tokens
@@ -44,7 +50,7 @@ def _train(dump_folder: str, args: list[str]) -> dict:
     out = {"records": records}
     if trainer.validator is not None:
         again = [trainer.validator.run(trainer.model, trainer.loss_fn) for _ in range(2)]
-        out["again"] = again
+        out["again"] = [figures["validation_loss"] for figures in again]
         if dist.get_world_size() == 1:
             out["reference"] = _reference_loss(trainer)
     return out
@@ -119,3 +125,98 @@ def test_bad_held_out_data_is_named_before_training(tmp_path):
     args = VALIDATION[:2] + ["--validation.dataset_path", str(bad)]
     (err,) = run_distributed(_start_error, 1, str(tmp_path / "run"), args)
     assert err.startswith(f"validation.dataset_path: {bad}:2: JSONL line has no string"), err
+
+
+PAIRS = Path(__file__).resolve().parents[2] / "assets/preference/debug_preference.jsonl"
+BETA = 0.5
+
+
+def _dpo_args(hf_dir: Path, held_out: Path | None) -> list[str]:
+    args = [
+        "--model.flavor", "auto", "--model.tokenizer_path", "assets/tokenizer/debug.tiktoken",
+        "--checkpoint.initial_load_path", str(hf_dir), "--checkpoint.initial_load_format", "hf",
+        "--training.dataset", "preference", "--training.dataset_path", str(PAIRS),
+        "--training.local_batch_size", "2", "--training.steps", "4", "--dpo.beta", str(BETA),
+    ]  # fmt: skip
+    if held_out is not None:
+        args += ["--validation.enable", "true", "--validation.dataset_path", str(held_out)]
+        args += ["--validation.freq", "2", "--validation.steps", "3"]
+    return args
+
+
+@torch.no_grad()
+def _sequence_logps(model, batch: dict) -> list[list[float]]:
+    """Per row, the summed log-probability of each document's labels (plain logits)."""
+    logits = model(batch["input_ids"], batch["positions"], batch["document_ids"]).float()
+    labels = batch["labels"]
+    valid = labels != -100
+    logp = logits.log_softmax(-1).gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    logp = logp * valid
+    return [
+        [float(logp[b][batch["document_ids"][b] == d].sum()) for d in range(2 * int(n))]
+        for b, n in enumerate(batch["num_pairs"])
+    ]
+
+
+def _dpo_held_out(trainer) -> dict[str, float]:
+    """TRL's sigmoid loss, reward accuracy and margin over the held-out pairs, from scratch: a
+    fresh loader of the validation rows, the policy's and the reference copy's plain logits."""
+    c, t = trainer.config.validation, trainer.config.training
+    data = Training(
+        dataset="preference", dataset_path=c.dataset_path, seq_len=t.seq_len,
+        local_batch_size=t.local_batch_size, packing=t.packing, seed=0,
+    )  # fmt: skip
+    loader = build_dataloader(data, trainer.tokenizer, 0, 1)
+    losses, wins, margins = [], [], []
+    for _, batch in zip(range(c.steps), loader, strict=False):
+        policy = _sequence_logps(trainer.model, batch)
+        reference = _sequence_logps(trainer.run.reference, batch)
+        for p_row, r_row in zip(policy, reference, strict=True):
+            for k in range(0, len(p_row), 2):
+                chosen = BETA * (p_row[k] - r_row[k])
+                rejected = BETA * (p_row[k + 1] - r_row[k + 1])
+                margin = torch.tensor(chosen - rejected, dtype=torch.float64)
+                losses.append(-float(torch.nn.functional.logsigmoid(margin)))
+                wins.append(float(chosen > rejected))
+                margins.append(chosen - rejected)
+    n = len(losses)
+    return {"loss": sum(losses) / n, "accuracy": sum(wins) / n, "margin": sum(margins) / n}
+
+
+def _dpo_train(dump_folder: str, args: list[str]) -> dict:
+    trainer = build_trainer(dump_folder, args)
+    with captured_log() as lines:
+        records = trainer.train()
+    out = {"records": records, "lines": [x for x in lines if x.startswith("step")]}
+    if trainer.validator is not None:
+        out["held_out"] = _dpo_held_out(trainer)
+    return out
+
+
+def test_dpo_validation_is_the_held_out_preference_loss_and_reward_accuracy(tmp_path):
+    hf_dir = tmp_path / "hf"
+    make_hf("dense", hf_dir, vocab_size=2048)
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(PAIRS.read_text().splitlines(keepends=True)[-40:]))
+    plain = run_distributed(_dpo_train, 1, str(tmp_path / "plain"), _dpo_args(hf_dir, None))[0]
+    run = run_distributed(_dpo_train, 1, str(tmp_path / "val"), _dpo_args(hf_dir, held_out))[0]
+    records = run["records"]
+    assert [("validation_loss" in r) for r in records] == [False, True, False, True]
+    # Training, its rewards included, is exactly that without validation.
+    for r, p in zip(records, plain["records"], strict=True):
+        assert {k: r[k] for k in p if k.startswith(("loss", "rewards/"))} == {
+            k: p[k] for k in p if k.startswith(("loss", "rewards/"))
+        }
+    last, expected = records[-1], run["held_out"]
+    assert _same(last["validation_loss"], expected["loss"])
+    assert last["validation_rewards/accuracies"] == pytest.approx(expected["accuracy"], abs=1e-6)
+    assert _same(last["validation_rewards/margins"], expected["margin"], rtol=1e-4)
+    # The preferences learnt carry over to the held-out pairs (policy == reference: ln 2, 0).
+    assert records[1]["validation_loss"] > last["validation_loss"]
+    assert last["validation_loss"] < 0.69 and last["validation_rewards/accuracies"] > 0.5
+    # The console line: the step's rewards, and the held-out ones where it validated.
+    assert all(" rewards chosen/rejected " in line for line in run["lines"])
+    assert [" val_rewards " in line for line in run["lines"]] == [False, True, False, True]
+    acc = f"val_loss {last['validation_loss']:.4f}  val_rewards chosen/rejected"
+    assert acc in run["lines"][-1]
+    assert f"acc {last['validation_rewards/accuracies']:.2f}" in run["lines"][-1]

@@ -70,3 +70,10 @@ def test_test_file_names_are_unique():
     ]
     names = Counter(p.name for p in TESTS.rglob("test_*.py"))
     assert not [name for name, n in names.items() if n > 1]
+
+
+def test_the_suite_runs_one_thread_per_process():
+    # tests/conftest.py: OpenMP threads spinning on a loaded 2-core machine slowed tests ~8x.
+    import torch
+
+    assert torch.get_num_threads() == 1

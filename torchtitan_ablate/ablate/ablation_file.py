@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchtitan_ablate.config.paths import PATH_LIST_KEYS, escape_commas
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -118,7 +120,11 @@ class AblationSpec:
 
 
 def cli_arg(key: str, value: Any) -> str:
-    """A TOML value as the launcher's `--section.key=value` (lists comma-separated)."""
+    """A TOML value as the launcher's `--section.key=value` (lists comma-separated; a comma
+    inside a path of a path list, a data mixture's, escaped as the loader reads it)."""
+    if key in PATH_LIST_KEYS:
+        paths = value if isinstance(value, list) else [value]
+        value = ",".join(escape_commas(p) if isinstance(p, str) else str(p) for p in paths)
     if isinstance(value, bool):
         text = "true" if value else "false"
     elif isinstance(value, list):

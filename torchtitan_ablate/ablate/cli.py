@@ -4,6 +4,7 @@
         --set model.flavor=debugmodel --set training.seq_len=64 --set training.steps=5
     ttablate-ablate ABLATION.toml --dry-run      # validate + predict memory, no training
     ttablate-ablate ABLATION.toml --resume       # skip runs that finished before
+    ttablate-ablate ABLATION.toml --overwrite    # delete the earlier runs in --out, run afresh
     ttablate-ablate ABLATION.toml --side-by-side 4   # 1-GPU runs 4 at a time on a 4-GPU node
     ttablate-ablate ABLATION.toml --resume --only a,b   # a study in parts: these variants now
     ttablate-ablate --report OUT                 # rebuild the report from finished runs
@@ -11,25 +12,32 @@
 
 (`python scripts/ablate.py ...` is the same command.) Runs launch the checkout's ./run_train.sh,
 so planning and running need the package installed from a clone (pip install -e .); --report
-works anywhere. Exit code 2 for a bad ablation file, option, --set or variant, a --report
-folder without ablation.json, or an --out folder that another runner is using (one line naming
-it); 130 / 143 when Ctrl-C / SIGTERM stopped it (the runs in flight are stopped and recorded,
-the report covers the finished ones); 0 otherwise: a failed run is recorded in the report and
-the others go on. See docs/ablation.md.
+works anywhere. The checkout is the one the command is launched from (scripts/ablate.py's own,
+or the one holding the current directory), whichever clone the package was installed from
+(checkout.py); outside any checkout, the installed one. Exit code 2 for a bad ablation file,
+option, --set or variant, a --report folder without ablation.json, an --out folder that another
+runner is using, or one that holds the runs of an earlier call without --resume or --overwrite
+(one line naming it: a rerun never deletes earlier runs unasked); 130 / 143 when Ctrl-C /
+SIGTERM stopped it (the runs in flight are stopped and recorded, the report covers the finished
+ones); 0 otherwise: a failed run is recorded in the report and the others go on. See
+docs/ablation.md.
 """
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 
 from torchtitan_ablate.ablate.ablation_file import AblationError, load_spec, parse_sets
+from torchtitan_ablate.ablate.checkout import run_in_launching_checkout
 from torchtitan_ablate.ablate.environment import ROOT
 from torchtitan_ablate.components.checkpoint.dump_lock import acquire
 from torchtitan_ablate.config import ConfigError
 
 # The checkout this package lives in (an editable install); recipes and run_train.sh are there.
 PROG = "ttablate-ablate"
+RUNS = "runs"  # OUT/runs/<variant>/seed<N>, as plan.plan_variant names the run folders
 
 
 def parse_args(argv: list[str], prog: str = PROG) -> argparse.Namespace:
@@ -40,6 +48,9 @@ def parse_args(argv: list[str], prog: str = PROG) -> argparse.Namespace:
     p.add_argument("--out", help="output folder (default outputs/ablations/<name>)")
     p.add_argument("--dry-run", action="store_true", help="validate and predict memory only")
     p.add_argument("--resume", action="store_true", help="skip runs that finished before")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete the runs an earlier call left in --out and start afresh "
+                   "(without it or --resume, such a folder is refused)")  # fmt: skip
     p.add_argument("--ngpu", type=int, help="processes per run (default: the file's ngpu)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override for every variant (last word; repeatable)")  # fmt: skip
@@ -59,6 +70,8 @@ def parse_args(argv: list[str], prog: str = PROG) -> argparse.Namespace:
                    help="run up to N runs at a time, each on its own GPUs of this node "
                    "(default 1: one at a time)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.overwrite and args.resume:
+        p.error("--overwrite deletes the earlier runs that --resume continues: give one")
     if args.estimate and not args.report:
         p.error("--estimate goes with --report DIR (a plan made with --no-estimate)")
     if not args.ablation and not args.report:
@@ -131,6 +144,8 @@ def _only(names: str | None, plan: dict) -> set[str] | str | None:
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    if argv is None:  # a command, not a call: the code of the checkout it was launched from
+        run_in_launching_checkout(sys.argv[1:], prog)
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv, prog)
     if args.ablation and not (ROOT / "run_train.sh").is_file():
@@ -194,9 +209,36 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         print(f"ablation error: {e}", file=sys.stderr)
         return 2
     try:
+        earlier = _earlier_runs(out)
+        if earlier and not (args.resume or args.overwrite):
+            print(
+                f"ablation error: --out {out} holds {len(earlier)} run folder(s) of an earlier "
+                f"call ({', '.join(earlier[:3])}{', ...' if len(earlier) > 3 else ''}): --resume "
+                "continues that study (finished runs are kept), another --out keeps both, "
+                "--overwrite deletes them and starts afresh",
+                file=sys.stderr,
+            )
+            return 2
+        if earlier and args.overwrite:
+            shutil.rmtree(out / RUNS)
+            print(f"--overwrite: deleted the {len(earlier)} earlier run folder(s) in {out}")
         return _run_study(plan, out, args.resume, args.timeout, only)
     finally:
         lock.release()
+
+
+def _earlier_runs(out: Path) -> list[str]:
+    """The run folders (runs/<variant>/<seed>) that an earlier call left in out."""
+    runs = out / RUNS
+    if not runs.is_dir():
+        return []
+    return sorted(
+        str(run.relative_to(out))
+        for variant in runs.iterdir()
+        if variant.is_dir()
+        for run in variant.iterdir()
+        if run.is_dir() and any(run.iterdir())
+    )
 
 
 def _run_study(plan: dict, out: Path, resume: bool, timeout: float, only: set[str] | None) -> int:

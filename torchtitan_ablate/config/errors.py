@@ -2,9 +2,10 @@
 on the failure.
 
     config error: ...  a ConfigError: a bad key, value, file or data line (exit code 2)
-    error: ...         a full disk or quota anywhere in the exception's chain (exit code 2); a
-                       collective that timed out or lost its peer, i.e. another rank failed,
-                       stalled or was stopped (exit code 1)
+    error: ...         a full disk or quota anywhere in the exception's chain, or any other
+                       OSError on a path under job.dump_folder (permissions, a read-only file
+                       system, an I/O error: exit code 2); a collective that timed out or lost
+                       its peer, i.e. another rank failed, stalled or was stopped (exit code 1)
 Anything else keeps its traceback (a bug: the traceback is the report) and exit code 1.
 `report` writes the line to stderr and, under torchrun, to the rank's error file
 (TORCHELASTIC_ERROR_FILE), where the launcher (torchtitan_ablate/launch.py) reads it back: the line
@@ -33,7 +34,17 @@ _SHORT_WRITE = ("unexpected pos", "file write failed")
 
 
 class ConfigError(ValueError):
-    """A bad config key, value or file; the message is the one line the user sees."""
+    """A bad config key, value or file; the message is the one line the user sees.
+
+    One raised in a data-loader worker reaches the main process rebuilt from one string,
+    "Caught <class> in DataLoader worker process N.\\nOriginal Traceback ...<class>: <message>";
+    only the message is kept, so the user still sees one line."""
+
+    def __init__(self, *args: object) -> None:
+        name = type(self).__name__
+        if args and isinstance(args[0], str) and args[0].startswith(f"Caught {name} in DataLoader"):
+            args = (args[0].rstrip().rsplit(f"{name}: ", 1)[-1], *args[1:])
+        super().__init__(*args)
 
 
 def _chain(e: BaseException, seen: set[int] | None = None) -> Iterator[BaseException]:
@@ -76,25 +87,58 @@ def _runtime_error_saying(chain: list[BaseException], needles: tuple[str, ...]) 
     return None
 
 
-def one_line(e: BaseException, dump_folder: str = ".") -> tuple[str, int] | None:
-    """(line, exit code) for a failure the user can act on, None for anything else."""
+def _inside(path: object, folder: str) -> bool:
+    if not isinstance(path, (str, bytes)):
+        return False
+    path, folder = os.path.realpath(os.fsdecode(path)), os.path.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _output_error(chain: list[BaseException], dump_folder: str) -> str | None:
+    """The line for the first OSError on a path under the dump folder, None if there is none."""
+    for x in chain:
+        if not isinstance(x, OSError) or x.errno is None:
+            continue
+        path = next((p for p in (x.filename, x.filename2) if _inside(p, dump_folder)), None)
+        if path is None:
+            continue
+        name = errno.errorcode.get(x.errno, f"errno {x.errno}")
+        where = f"job.dump_folder = {dump_folder!r}"
+        if x.errno in (errno.EACCES, errno.EPERM):
+            fix = f"this run may not write there: fix the permissions under {where}"
+        elif x.errno == errno.EROFS:
+            fix = f"the file system under {where} is read-only: remount it read-write"
+        else:
+            fix = f"check the disk and file system under {where}"
+        what = f"{name} ({x.strerror}) on {os.fsdecode(path)}"
+        return f"error: {what}: {fix}, or point job.dump_folder elsewhere"
+    return None
+
+
+def one_line(e: BaseException, dump_folder: str | None = None) -> tuple[str, int] | None:
+    """(line, exit code) for a failure the user can act on, None for anything else.
+    dump_folder: the run's, None before the config is read."""
     if isinstance(e, ConfigError):
         return f"config error: {e}", 2
     if isinstance(e, (SystemExit, KeyboardInterrupt)):
         return None
     chain = list(_chain(e))
+    folder = dump_folder or "."
     for x in chain:
         if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT):
-            where = x.filename or dump_folder
+            where = x.filename or folder
             return (
                 f"error: no space left on device ({x.strerror}) writing {where} ({_free(where)} "
                 f"there): free some space or point job.dump_folder at another disk"
             ), 2
+    output = None if dump_folder is None else _output_error(chain, dump_folder)
+    if output is not None:
+        return output, 2
     short_write = _runtime_error_saying(chain, _SHORT_WRITE)
     if short_write is not None:
         return (
             f"error: a file write failed ({short_write}); the disk under job.dump_folder = "
-            f"{dump_folder!r} is probably full ({_free(dump_folder)})"
+            f"{folder!r} is probably full ({_free(folder)})"
         ), 2
     lost = _runtime_error_saying(chain, _PEER_LOST)
     if lost is not None and int(os.environ.get("WORLD_SIZE", 1)) > 1:

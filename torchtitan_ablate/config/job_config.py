@@ -45,7 +45,9 @@ class Model:
 
     tokenizer_path: str = "assets/tokenizer/debug.tiktoken"
     """Tokenizer: a tiktoken ranks file, an HF tokenizer.json, a sentencepiece .model, a folder
-    holding one of them, or "byte" (byte-level, for tests)."""
+    holding one of them, or "byte" (byte-level, for tests). Set by neither the recipe nor the
+    command line while checkpoint.initial_load_format = "hf": the tokenizer of the HF folder
+    checkpoint.initial_load_path (one without a tokenizer is refused)."""
 
     attn_backend: Literal["auto", "sdpa", "flex", "varlen", "flash"] = "auto"
     """Attention kernel. auto: flex on CUDA (fastest measured in training,
@@ -83,7 +85,11 @@ class Training:
 
     dataset_path: str | list[str] | None = "assets/data/debug_corpus.jsonl"
     """File or folder for dataset = "text" (.txt/.jsonl/.parquet) or "chat"; text: a list of
-    them is a mixture, each document drawn from path i with probability dataset_weights[i]."""
+    them is a mixture, each document drawn from path i with probability dataset_weights[i]. On
+    the command line a mixture is its paths separated by commas (--training.dataset_path
+    web.jsonl,code.parquet --training.dataset_weights 0.7,0.3); a comma inside a path is
+    written \\, ('odd\\,name.jsonl'), and an unescaped one in the name of an existing path is
+    refused with that hint."""
 
     dataset_weights: list[float] = field(default_factory=list)
     """Mixture weights, one per dataset_path entry, normalized (empty = equal); seeded by seed."""
@@ -98,7 +104,9 @@ class Training:
     """JSONL key / parquet column holding a document's text (validation data too)."""
 
     shuffle_buffer: int = 0
-    """Documents in a seeded shuffle buffer (0 = file order); the checkpoint holds the buffer."""
+    """Documents in a seeded shuffle buffer (0 = file order); the checkpoint holds the buffer.
+    A resume with another size skips and repeats no document (a bigger saved buffer's extra
+    documents come first)."""
 
     packing: Literal["greedy", "best_fit", "padding"] = "greedy"
     """greedy: documents joined in order, attention masked per document (text: cut at row ends,
@@ -182,8 +190,15 @@ class Training:
     """Save a checkpoint and exit cleanly after this step (at most training.steps) without
     changing the LR schedule (time-limited jobs); -1 = off."""
 
+    sigterm_grace_seconds: float = 120.0
+    """On SIGTERM the run stops and saves at the end of the step in flight; a step that has not
+    ended this many seconds after the signal (a hang) ends the process with one line, exit code
+    143, nothing saved. Keep it below the scheduler's grace before SIGKILL; 0 = no limit."""
+
     num_workers: int = 0
-    """Data-loader worker processes per rank."""
+    """Data-loader worker processes per rank. A resume with another value continues the data
+    exactly between 0 and 1, and at any value with data_sharding = "rows"; with "documents"
+    sharding each worker reads its own documents, so it is refused (resume with the old value)."""
 
     gc_freq: int = 50
     """Run Python's garbage collector every this many steps (automatic GC off in between)."""

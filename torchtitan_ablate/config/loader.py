@@ -17,8 +17,9 @@ from typing import Any, Literal, TypeVar
 
 from torchtitan_ablate.config.errors import ConfigError, one_line, report
 from torchtitan_ablate.config.job_config import JobConfig
-from torchtitan_ablate.config.paths import PATH_KEYS, resolve_toml_path
+from torchtitan_ablate.config.paths import PATH_KEYS, PATH_LIST_KEYS, resolve_toml_path, split_paths
 from torchtitan_ablate.config.rules import validate
+from torchtitan_ablate.config.tokenizer_default import default_tokenizer
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -131,6 +132,11 @@ def _set(config: JobConfig, section: str, key: str, value: Any, source: str) -> 
             f"{source}: unknown key '{section}.{key}'; keys of [{section}]: " + ", ".join(types_)
         )
     tp = types_[key]
+    if f"{section}.{key}" in PATH_LIST_KEYS and source == "command line" and isinstance(value, str):
+        try:
+            value = split_paths(f"{section}.{key}", value)
+        except ValueError as e:
+            raise ConfigError(f"{source}: {e}") from None
     try:
         coerced = _coerce(value, tp, from_cli=source == "command line")
     except _NonFinite:
@@ -175,6 +181,7 @@ def load_config(argv: list[str] | None = None) -> JobConfig:
     # The last --job.config_file wins, so `run_train.sh --job.config_file X` overrides the default.
     files = [v for s, k, v in cli if (s, k) == ("job", "config_file")]
     config_file = files[-1] if files else None
+    named = {f"{section}.{key}" for section, key, _ in cli}  # set by the recipe or the CLI
     if config_file is not None:
         if not os.path.isfile(config_file):
             raise ConfigError(
@@ -201,8 +208,10 @@ def load_config(argv: list[str] | None = None) -> JobConfig:
                             for v in value
                         ]
                 _set(config, section, key, value, config_file)
+                named.add(f"{section}.{key}")
     for section, key, value in cli:
         _set(config, section, key, value, "command line")
+    default_tokenizer(config, named)
     validate(config)
     return config
 
@@ -251,7 +260,7 @@ def check_dump_folder(path: str) -> None:
 
 
 @contextmanager
-def exit_on_config_error(dump_folder: str = ".") -> Iterator[None]:
+def exit_on_config_error(dump_folder: str | None = None) -> Iterator[None]:
     """One line on stderr and exit code 2 for a ConfigError, no traceback; the same for the other
     failures errors.one_line knows (a full disk: 2; a collective whose peer failed: 1)."""
     try:

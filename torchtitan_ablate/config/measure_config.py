@@ -9,11 +9,13 @@ from typing import Literal
 @dataclass
 class Validation:
     enable: bool = False
-    """Measure the loss on held-out data during training (logged as validation_loss)."""
+    """Measure the loss on held-out data during training (logged as validation_loss; with DPO
+    also the reward accuracy, margin etc. as validation_rewards/*, validation_logps/*)."""
 
     dataset_path: str | None = None
-    """Held-out .txt/.jsonl file or folder of the same kind as training.dataset, read with the
-    training packing and sharding. Not needed for synthetic data (a differently seeded stream)."""
+    """Held-out .txt/.jsonl file or folder of the same kind as training.dataset (preference
+    pairs for DPO), read with the training packing and sharding; a bad row stops the run. Not
+    needed for synthetic data (a differently seeded stream)."""
 
     freq: int = 100
     """Steps between validations; the last step is always validated."""

@@ -43,6 +43,7 @@ def check_training(t: Training, checkpoint: Checkpoint) -> None:
     )
     at_least("training.gc_freq", t.gc_freq, 1, " (garbage collection every n steps)")
     at_least("training.max_norm", t.max_norm, 0, " (0 turns gradient clipping off)")
+    at_least("training.sigterm_grace_seconds", t.sigterm_grace_seconds, 0, " (0 = no limit)")
     at_least("training.skip_nonfinite_steps", t.skip_nonfinite_steps, 0, " (0 stops at a NaN)")
     at_least("training.loss_chunk_size", t.loss_chunk_size, 0, " (0 = plain loss on full logits)")
     require(
@@ -158,11 +159,6 @@ def check_dpo(config: JobConfig) -> None:
         f"training.loss_impl = {t.loss_impl!r}: DPO computes per-token log-probabilities with "
         "its own chunked head (training.loss_chunk_size tokens at a time); use auto, chunked "
         "or plain",
-    )
-    require(
-        not config.validation.enable,
-        "validation.enable = true with training.dataset = 'preference': held-out DPO "
-        "validation is not implemented; set validation.enable = false",
     )
     require(
         not (config.lora.enable and config.model.moe_bias_update_rate > 0),

@@ -40,6 +40,10 @@ def init_distributed(device: torch.device, timeout_s: float = 300) -> int:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if world_size > 1 or "RANK" in os.environ:
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        if backend == "gloo":
+            # Every rank has finished connecting before any can fail its config checks and
+            # close its sockets (a slower peer then saw "Connection closed by peer" in init).
+            dist.barrier()
     else:
         # A one-rank group without torchrun: meshes (and single-GPU FSDP) work the same way.
         dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
@@ -82,6 +86,15 @@ def all_reduce_max(t: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Te
     if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t
+
+
+def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
+    """Each flag, true where any rank has it true: one all-reduce of a small tensor and a host
+    read (nothing in one process)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flags
+    t = all_reduce_max(torch.tensor([float(f) for f in flags], device=device), dist.group.WORLD)
+    return [bool(x) for x in t.tolist()]
 
 
 @torch.no_grad()

@@ -96,3 +96,21 @@ def test_bad_set():
     for bad in ["training.steps", "steps=3", "job.dump_folder=x"]:
         with pytest.raises(AblationError):
             parse_sets([bad])
+
+
+def test_a_variants_data_mixture_reaches_the_trainer_as_a_list(tmp_path):
+    from torchtitan_ablate.config import load_config
+
+    spec = load_spec(
+        write(
+            tmp_path,
+            GOOD
+            + '[variants.mix]\ntraining.dataset_path = ["a.jsonl", "odd,name.jsonl"]\n'
+            + "training.dataset_weights = [0.7, 0.3]\n"
+            + '[variants.one]\ntraining.dataset_path = "odd,name.jsonl"\n',
+        )
+    )
+    mix, one = spec.variants[2:]
+    t = load_config(spec.run_args(mix, None, [])).training
+    assert t.dataset_path == ["a.jsonl", "odd,name.jsonl"] and t.dataset_weights == [0.7, 0.3]
+    assert load_config(spec.run_args(one, None, [])).training.dataset_path == "odd,name.jsonl"

@@ -2,6 +2,7 @@
 that carries a rank's line to the launcher."""
 
 import errno
+import os
 
 import pytest
 from torch.distributed.checkpoint import CheckpointException
@@ -60,3 +61,47 @@ def test_config_errors_and_the_error_file_the_launcher_reads(tmp_path, monkeypat
     # torchrun's own reader of a worker's error file gets the line back.
     failure = ProcessFailure(local_rank=1, pid=1, exitcode=2, error_file=str(error_file))
     assert failure.message == line
+
+
+@pytest.mark.parametrize(
+    ("code", "fix"),
+    [
+        (errno.EACCES, "this run may not write there: fix the permissions under"),
+        (errno.EPERM, "this run may not write there: fix the permissions under"),
+        (errno.EROFS, "is read-only: remount it read-write"),
+        (errno.EIO, "check the disk and file system under"),
+        (errno.ENOENT, "check the disk and file system under"),
+    ],
+    ids=lambda x: errno.errorcode.get(x, ""),
+)
+def test_any_oserror_on_the_dump_folder_is_one_line(tmp_path, code, fix):
+    path = tmp_path / "checkpoint" / "step-4.tmp" / "__0_0.distcp"
+    bad = OSError(code, os.strerror(code), str(path))
+    wrapped = CheckpointException("CheckpointException ranks:dict_keys([0])", {0: (bad, None)})
+    line, exit_code = one_line(wrapped, str(tmp_path))
+    assert exit_code == 2
+    assert line == (
+        f"error: {errno.errorcode[code]} ({os.strerror(code)}) on {path}: {line.split(': ', 2)[2]}"
+    )
+    assert fix in line and f"job.dump_folder = '{tmp_path}'" in line
+    assert line.endswith(", or point job.dump_folder elsewhere")
+    # A rename names its target second; another folder's error, or one before the config is
+    # read, keeps its traceback.
+    renamed = OSError(code, os.strerror(code), "/elsewhere/a", None, str(path))
+    assert one_line(renamed, str(tmp_path))[0].split(": ")[1].endswith(f"on {path}")
+    assert one_line(OSError(code, os.strerror(code), "/elsewhere/a"), str(tmp_path)) is None
+    assert one_line(bad) is None
+
+
+def test_a_config_error_from_a_loader_worker_keeps_its_one_line():
+    class DataError(ConfigError):
+        pass
+
+    # What torch's ExceptionWrapper.reraise() builds the exception from in the main process.
+    rebuilt = DataError(
+        "Caught DataError in DataLoader worker process 0.\nOriginal Traceback (most recent call "
+        'last):\n  File "x.py", line 1, in f\n    raise DataError(msg)\n'
+        "tests.DataError: model.tokenizer_path: bad template\n"
+    )
+    assert str(rebuilt) == "model.tokenizer_path: bad template"
+    assert str(ConfigError("Caught nothing")) == "Caught nothing"

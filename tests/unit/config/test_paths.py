@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from torchtitan_ablate.config import load_config
+from torchtitan_ablate.config import ConfigError, load_config
 from torchtitan_ablate.config.paths import PATH_KEYS, resolve_toml_path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -94,3 +94,24 @@ def test_a_list_of_dataset_paths_resolves_each_entry(tmp_path, monkeypatch):
     toml.write_text('[training]\ndataset_path = ["a.jsonl", "b.jsonl"]\n')
     config = load_config(["--job.config_file", str(toml)])
     assert config.training.dataset_path == [str(a), str(b)]
+
+
+def test_a_mixture_on_the_command_line_is_comma_separated(tmp_path, monkeypatch):
+    from tests.helpers.data import BYTE, rows, write_jsonl
+    from torchtitan_ablate.components.data import build_dataloader
+
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "a.jsonl", ["aaaa"] * 4)
+    write_jsonl(tmp_path / "b,c.jsonl", ["bbbb"] * 4)  # a comma inside a name: written \,
+    argv = ["--training.dataset_path", "a.jsonl,b\\,c.jsonl", "--training.dataset_weights"]
+    t = load_config([*argv, "1,3", "--training.seq_len", "8"]).training
+    assert t.dataset_path == ["a.jsonl", "b,c.jsonl"] and t.dataset_weights == [1.0, 3.0]
+    tokens = [x for r in rows(build_dataloader(t, BYTE, 0, 1), 50) for x in r["input_ids"].tolist()]
+    a, b = tokens.count(ord("a")), tokens.count(ord("b"))
+    assert 0.15 < a / (a + b) < 0.35  # both sources, b three times as often
+    assert load_config(["--training.dataset_path", "b\\,c.jsonl"]).training.dataset_path == (
+        "b,c.jsonl"  # one path: a string, as in TOML
+    )
+    with pytest.raises(ConfigError, match=r"'b' does not exist while 'b,c.jsonl' does: write its"):
+        load_config(["--training.dataset_path", "b,c.jsonl"])
+    assert load_config(["--training.dataset_path", "x,y"]).training.dataset_path == ["x", "y"]

@@ -1,8 +1,9 @@
 """KV-cache decoding (models/qwen3/generate.py) and scripts/generate.py on tiny random models:
 greedy output equals re-running the training forward per token and transformers' `generate` on
 the same weights, sampling is seeded and stays in the nucleus, and the script samples from a
-training checkpoint end to end."""
+training checkpoint end to end, also as a chat (--chat)."""
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch.distributed.checkpoint as dcp
 from transformers import AutoModelForCausalLM
 
 from torchtitan_ablate.components.checkpoint.hf import save_hf_checkpoint
+from torchtitan_ablate.components.data.sft import ChatRenderer
 from torchtitan_ablate.components.text.tokenizer import build_tokenizer
 from torchtitan_ablate.config import load_config, to_toml
 from torchtitan_ablate.models.qwen3 import Qwen3Model, qwen3_flavors
@@ -27,11 +29,11 @@ FLAVORS = ["debugmodel", "debugmodel_moe"]
 N_NEW = 24
 
 
-def random_model(flavor: str) -> Qwen3Model:
+def random_model(flavor: str, **changes) -> Qwen3Model:
     """fp32 model with weights large enough that greedy picks are far from ties (the 0.02 init
-    gives near-zero logits and a model that repeats one token)."""
+    gives near-zero logits and a model that repeats one token); `changes` to its sizes."""
     torch.manual_seed(0)
-    model = Qwen3Model(qwen3_flavors[flavor])
+    model = Qwen3Model(dataclasses.replace(qwen3_flavors[flavor], **changes))
     model.init_weights()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -150,3 +152,50 @@ def test_script_missing_checkpoint_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1, err
     assert "nope: no such folder" in err[0]
+
+
+def test_chat_replies_with_the_template_and_stops_at_the_end_of_turn(tmp_path, capsys):
+    """--chat: the prompt is a user message rendered as SFT renders chats, with the assistant
+    turn opened; the reply stops at <|im_end|> and is printed alone."""
+    tok = build_tokenizer(TOKENIZER)
+    render = ChatRenderer(tok)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    prompt_ids = render.generation_prompt(messages)
+    assert tok.decode(prompt_ids) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    # Untied, so that the end of turn's output row can change alone: a scaled copy of the row
+    # of the token greedy picks 4th makes it the greedy pick by then.
+    model = random_model("debugmodel", tie_embeddings=False)
+    fourth = int(generate(model, torch.tensor([prompt_ids]), 4)[0, 3])
+    with torch.no_grad():
+        model.output.weight[render.im_end] = 1.5 * model.output.weight[fourth]
+    greedy = generate(model, torch.tensor([prompt_ids]), 12)[0].tolist()
+    assert render.im_end in greedy[:4]
+    stop = greedy.index(render.im_end)
+    save_hf_checkpoint(model.state_dict(), model.args, tmp_path)
+    args = [str(tmp_path), "--tokenizer", TOKENIZER, "--chat", "--system", "Be brief."]
+    args += ["--prompt", "Hi!"]
+    text = generate_script.main([*args, "--max-new-tokens", "12"])
+    out, err = capsys.readouterr()
+    assert text == tok.decode(greedy[:stop]) and out == text + "\n"
+    assert f"{stop + 1} tokens in" in err  # generation ended at the end of turn, not at 12
+
+
+def test_interactive_chat_keeps_the_history():
+    seen = []
+
+    def answer(messages: list) -> str:
+        seen.append([m["content"] for m in messages])
+        return f"reply {len(seen)}"
+
+    last = generate_script.converse(answer, [], ["first\n", "\n", "second\n"])
+    assert last == "reply 2"
+    assert seen == [["first"], ["first", "reply 1", "second"]]
+
+
+def test_chat_options_need_each_other(capsys):
+    with pytest.raises(SystemExit):
+        generate_script.parse_args(["ckpt", "--prompt", "hi", "--system", "Be brief."])
+    assert "--system is a chat message: add --chat" in capsys.readouterr().err

@@ -68,3 +68,14 @@ def test_negative_rtol_is_rejected(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         compare_runs.main([ref, ref, "--rtol", "-1"])
     assert e.value.code == 2 and "--rtol -1" in capsys.readouterr().err
+
+
+def test_a_half_written_last_row_is_skipped_with_a_warning(tmp_path, capsys):
+    ref = _run(tmp_path / "ref", [10.0, 8.0, 6.0])
+    run = _run(tmp_path / "run", [10.0, 8.0])
+    with open(Path(run, "metrics.jsonl"), "a") as f:
+        f.write('{"step": 3, "loss": 6.')  # the run was killed while writing its last row
+    assert compare_runs.main([ref, run]) == 0
+    captured = capsys.readouterr()
+    assert f"| {run} | 2 | 0.00e+00 |" in captured.out
+    assert "line 3 is a half-written last row" in captured.err

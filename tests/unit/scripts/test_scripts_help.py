@@ -1,6 +1,7 @@
-"""scripts/ holds user tools: each one that is run answers --help with a usage text, the sourced
-ones say so in their first line, every script has its line in the README, and none edits
-sys.path (the package is installed)."""
+"""scripts/ holds user tools: each one that is run answers --help with a usage text (the Python
+ones without importing torch, whose import takes seconds), the sourced ones say so in their
+first line, every script has its line in the README, and none edits sys.path (the package is
+installed)."""
 
 import os
 import subprocess
@@ -22,11 +23,17 @@ def test_scripts_found():
 
 @pytest.mark.parametrize("path", RUN, ids=[p.name for p in RUN])
 def test_help(path):
-    cmd = [sys.executable, str(path)] if path.suffix == ".py" else ["bash", str(path)]
+    cmd = (
+        [sys.executable, "-X", "importtime", str(path)]
+        if path.suffix == ".py"
+        else ["bash", str(path)]
+    )
     result = subprocess.run([*cmd, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.lower().startswith("usage:"), result.stdout[:200]
     assert len(result.stdout.splitlines()) >= 3, result.stdout  # a usage text, not a bare line
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()]
+    assert "torch" not in imported
 
 
 @pytest.mark.parametrize("path", SOURCED, ids=[p.name for p in SOURCED])

@@ -42,3 +42,27 @@ def test_an_activated_venv_without_the_dependencies_is_passed_over(tmp_path):
         return  # the fallback would set up .venv: not a unit test's business
     venv = _fake_venv(tmp_path, "false")
     assert _chosen_python(venv) == str(ROOT / ".venv" / "bin" / "python")
+
+
+def test_the_venv_import_check_runs_once_per_install(tmp_path):
+    # A copy of the script in a fake checkout whose .venv python logs each time it runs.
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "setup_env.sh").write_text((ROOT / "scripts/setup_env.sh").read_text())
+    (tmp_path / "pyproject.toml").write_text("")
+    log = tmp_path / "calls"
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/usr/bin/env bash\necho x >> {log}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "VIRTUAL_ENV", "EXTRAS")}
+
+    def source() -> int:
+        cmd = ["bash", "-c", 'source scripts/setup_env.sh && echo "$PYTHON"']
+        r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.strip() == str(python), r.stderr
+        return len(log.read_text().splitlines()) if log.exists() else 0
+
+    assert source() == 1  # checked (imports torch), then stamped
+    assert source() == 1  # the stamp stands for the check
+    os.utime(tmp_path / "pyproject.toml", (2e9, 2e9))  # edited after the stamp: checked again
+    assert source() == 2

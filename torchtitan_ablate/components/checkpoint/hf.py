@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from torchtitan_ablate.components.checkpoint.export_folder import as_umask_allows
 from torchtitan_ablate.config import ConfigError
 from torchtitan_ablate.models.common.state_dict import check_keys
 from torchtitan_ablate.models.hf_config import read_hf_config
@@ -183,6 +184,7 @@ def save_hf_checkpoint(
         # Own contiguous copies: safetensors refuses tensors that share storage (expert views).
         tensors = {k: t.detach().to("cpu", dtype).contiguous().clone() for k, t in shard.items()}
         save_file(tensors, out / name, metadata={"format": "pt"})
+        as_umask_allows(out / name)  # safetensors writes 0600
         weight_map.update(dict.fromkeys(shard, name))
     if len(shards) > 1:
         total = sum(t.numel() * dtype.itemsize for t in hf_sd.values())

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from torchtitan_ablate.components.checkpoint.export_folder import as_umask_allows
 from torchtitan_ablate.components.checkpoint.offline_weights import LORA_ADAPTER_KEY
 from torchtitan_ablate.models.spec import StateDictAdapter
 
@@ -98,4 +99,5 @@ def save_peft_adapters(
     (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     tensors = {k: (t.to(dtype) if dtype else t).contiguous() for k, t in tensors.items()}
     save_file(tensors, str(out_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
+    as_umask_allows(out_dir / "adapter_model.safetensors")  # safetensors writes 0600
     return ["adapter_config.json", "adapter_model.safetensors"]

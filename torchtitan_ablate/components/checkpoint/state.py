@@ -211,6 +211,8 @@ def dcp_load(state: dict[str, Any], path: str) -> None:
             refused = reader.refused or (cause if isinstance(cause, ForeignObject) else None)
             if refused is not None:
                 raise ForeignObject(f"cannot load checkpoint {path}: {refused}") from None
+            if isinstance(cause, ConfigError):  # a state's own line: which key, how to fix it
+                raise ConfigError(f"checkpoint {path}: {cause}") from e
             # DCP's planner reports shape and key mismatches as ValueError / KeyError; anything
             # else (a missing file, a cut-off pickle or zip) is damage to the files.
             kind = Mismatch if isinstance(cause, (ValueError, KeyError)) else Damaged

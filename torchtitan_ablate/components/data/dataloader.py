@@ -3,7 +3,8 @@
 Each batch is a dict of LongTensors [B, S]: input_ids, labels (-100 = ignore), positions,
 document_ids (see packing.py). The loader's state_dict() holds, per worker, the source position
 (with the mixture's and shuffle buffer's draws and buffered documents, see mixing.py) and the
-packing carry-over, so loading it into a freshly built loader continues exactly.
+packing carry-over, so loading it into a freshly built loader continues exactly, also with
+another num_workers or shuffle_buffer where the position carries over (loader_state.py).
 
 Sources: synthetic, or text files (one path or a weighted mixture of several), optionally through
 a shuffle buffer; chat files for SFT (sft.py).
@@ -18,7 +19,6 @@ import threading
 import warnings
 
 import torch
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from torchtitan_ablate.components.data.datasets import (
     CHECK_BYTES,
@@ -26,6 +26,7 @@ from torchtitan_ablate.components.data.datasets import (
     TextDocuments,
     list_text_files,
 )
+from torchtitan_ablate.components.data.loader_state import ResumableLoader
 from torchtitan_ablate.components.data.mixing import MixedDocuments, ShuffledDocuments, Source
 from torchtitan_ablate.components.data.packing import PACKING_MODES, PackedDataset
 from torchtitan_ablate.components.data.preference import PreferenceDataset, PreferencePairs
@@ -46,7 +47,7 @@ def build_dataloader(
     *,
     pin_memory: bool = False,
     max_bad_rows: int = 0,
-) -> StatefulDataLoader:
+) -> ResumableLoader:
     """This dp rank's infinite loader of the data that `data` (the [training] section, or a copy
     with validation's path and batch) describes: its dataset, dataset_path, dataset_weights,
     dataset_text_field, shuffle_buffer, packing, data_sharding, seq_len, local_batch_size,
@@ -81,8 +82,9 @@ def build_dataloader(
         source = MixedDocuments(parts, data.dataset_weights or [1.0] * len(parts), seed)
     else:
         source = _text_source(dataset_path, tokenizer, data.dataset_text_field)
-    if data.shuffle_buffer > 0:
-        source = ShuffledDocuments(source, data.shuffle_buffer, seed)
+    # Also with shuffle_buffer 0: a checkpoint's buffer is then read out first (a resume that
+    # turned shuffling off loses none of its documents).
+    source = ShuffledDocuments(source, data.shuffle_buffer, seed)
     if dataset == "chat":
         rows = SFTDataset(source, seq_len, packing, tokenizer.pad_id, dp_rank, dp_world_size)
     elif dataset == "preference":
@@ -105,13 +107,14 @@ def build_dataloader(
     with warnings.catch_warnings():
         # torchdata 0.11 on torch >= 2.13 calls a deprecated torch.set_vital; harmless noise.
         warnings.filterwarnings("ignore", message=".*set_vital.*")
-        return StatefulDataLoader(
+        return ResumableLoader(
             rows,
             batch_size=local_batch_size,
             num_workers=data.num_workers,
             pin_memory=pin_memory,
             generator=generator,
             worker_init_fn=_leave_sigterm_to_the_trainer if data.num_workers > 0 else None,
+            shuffle_buffer=data.shuffle_buffer,
         )
 
 

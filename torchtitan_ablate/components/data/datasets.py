@@ -12,8 +12,8 @@ Text formats (files, or folders searched recursively in sorted path order):
   .parquet  one document per row, read by row group (parquet.py; needs pyarrow)
 "text" is training.dataset_text_field. Files are read in the same order every epoch; mixing.py
 adds a shuffle buffer and weighted mixtures on top. Every line is checked once before training
-(TextDocuments.check_lines; parquet: the column's type); a shard that runs out of documents
-starts over with one warning.
+(TextDocuments.check_lines; parquet: the column's type and that its row groups read); a shard
+that runs out of documents starts over with one warning.
 """
 
 from __future__ import annotations
@@ -143,11 +143,15 @@ class TextDocuments:
     def check_lines(self, max_bytes: int = CHECK_BYTES) -> bool:
         """Reads every non-blank line once, before the model is built, so that a bad line stops
         the run at start-up (on every rank alike) instead of steps into it; True when all of
-        the data was checked, False when it stopped after max_bytes."""
-        left = max_bytes
+        the data was checked, False when it stopped after max_bytes. Text without a document
+        (an empty file, blank lines only) is a DatasetError here too."""
+        left, documents = max_bytes, False
         for path in self.files:
-            if path.suffix == PARQUET:  # typed columns: the schema says all there is to check
-                check_parquet(path, self.text_field)
+            if path.suffix == PARQUET:  # typed columns: the schema, and that the pages read
+                used = check_parquet(path, self.text_field, left)
+                if used is None:
+                    return False
+                left -= used
                 continue
             with _open(path) as fh:
                 for line_no, line in enumerate(fh, 1):
@@ -155,7 +159,10 @@ class TextDocuments:
                         return False
                     left -= len(line)
                     if line.strip():
+                        documents = True
                         self._check_line(path, line, line_no)
+        if not documents and not any(p.suffix == PARQUET for p in self.files):
+            raise DatasetError(self._no_item_message())
         return True
 
     def __iter__(self) -> Iterator:

@@ -78,10 +78,14 @@ class ShuffledDocuments:
     then for each new document yield a random one from the buffer and put the new one in its
     place. Documents move at most about `size` places further on average, so the buffer should
     span several files' worth for shuffled files. The state holds the buffer's documents (their
-    tokens: size x mean document length in each checkpoint) and the draw counter."""
+    tokens: size x mean document length in each checkpoint) and the draw counter.
+
+    size 0 passes the documents through (its state is the source's). A resume with another size
+    loses no document and repeats none: a saved buffer larger than `size` (0 included) yields
+    its extra documents first; a smaller one is topped up from the source after its next draw."""
 
     def __init__(self, source: Source, size: int, seed: int) -> None:
-        assert size >= 1, size
+        assert size >= 0, size
         self.source, self.size, self.seed = source, size, seed
         self.shard, self.num_shards = 0, 1
         self.buffer: list[Any] = []
@@ -92,17 +96,36 @@ class ShuffledDocuments:
         self.source.set_shard(shard, num_shards)
 
     def __iter__(self) -> Iterator[Any]:
+        # After a resize, the first document is the one the saved buffer would have drawn next:
+        # a packer that resumes mid-document reads that document again (the same one).
         docs = iter(self.source)
+        while len(self.buffer) > self.size:  # a checkpoint's bigger buffer: its extra documents
+            yield self.buffer.pop(self._draw(len(self.buffer)))
+        if self.size == 0:
+            yield from docs
+            return
+        out = None
+        if self.buffer and len(self.buffer) < self.size:  # a checkpoint's smaller buffer
+            j = self._draw(len(self.buffer))
+            out, self.buffer[j] = self.buffer[j], next(docs)
         while len(self.buffer) < self.size:  # no yield in between: no state is taken here
             self.buffer.append(next(docs))
+        if out is not None:
+            yield out
         for doc in docs:
-            u = uniform("shuffle", self.seed, self.shard, self.num_shards, self.draws)
-            j = int(u * self.size)
-            self.draws += 1
+            j = self._draw(self.size)
             out, self.buffer[j] = self.buffer[j], doc
             yield out
 
+    def _draw(self, size: int) -> int:
+        """The buffer index of the next draw from `size` documents."""
+        u = uniform("shuffle", self.seed, self.shard, self.num_shards, self.draws)
+        self.draws += 1
+        return int(u * size)
+
     def state_dict(self) -> dict[str, Any]:
+        if self.size == 0 and not self.buffer:  # as without a buffer: either size resumes it
+            return self.source.state_dict()
         return {
             "source": self.source.state_dict(),
             "buffer": list(self.buffer),

@@ -122,7 +122,7 @@ class PackedDataset(IterableDataset):
             self.reread_pos = None
         while True:
             while len(self.buffer) < window:
-                if self.current_pos == len(self.current):
+                if self.current_pos >= len(self.current):  # >=: a loaded position past its end
                     self.before_current = self.source.state_dict()
                     self.current, self.current_pos = next(docs) + [self.eos_id], 0
                     self.docs_seen += 1
@@ -225,8 +225,7 @@ def _drop_runs(runs: list[list[int]], count: int) -> None:
 def _run_ids(runs: list[list[int]], length: int) -> torch.Tensor:
     """Segment ids 0, 1, ... of the first `length` tokens of the runs."""
     counts = torch.tensor([c for _, c in runs])
-    ids = torch.repeat_interleave(torch.arange(len(runs)), counts)[:length]
-    return ids
+    return torch.repeat_interleave(torch.arange(len(runs)), counts)[:length]
 
 
 def shard_for_this_worker(

@@ -2,6 +2,7 @@
 
 Input: .jsonl files (or folders of them), one conversation per line:
     {"messages": [{"role": "system" | "user" | "assistant" | ..., "content": "..."}, ...]}
+or in ShareGPT's or Alpaca's layout, detected per line (chat_formats.py).
 Rendering: with the tokenizer folder's own chat_template (tokenizer_config.json) when it has one,
 trained tokens being each assistant reply through its <|im_end|> (components/text/chat_template.py);
 else Qwen's chat format (no thinking tags added), per message:
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
+from torchtitan_ablate.components.data.chat_formats import LAYOUTS, to_messages
 from torchtitan_ablate.components.data.datasets import KEY, DatasetError, TextDocuments
 from torchtitan_ablate.components.data.packing import (
     IGNORE_INDEX,
@@ -91,6 +93,13 @@ class ChatRenderer:
             tokens += header + body + self.newline
             mask += [False] * len(header) + [trained] * len(body) + [False] * len(self.newline)
         return tokens, mask
+
+    def generation_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """The ids a reply is generated after: the chat and the assistant turn's opening, as
+        apply_chat_template(messages, add_generation_prompt=True). The reply ends at im_end."""
+        if self.template is not None:
+            return self._encode(self.template.render(messages, add_generation_prompt=True))
+        return self(messages)[0] + [self.im_start] + self.tokenizer.encode("assistant\n")
 
     def _from_template(self, messages: list[dict[str, str]]) -> Conversation:
         text, spans = self.template(messages)
@@ -160,21 +169,14 @@ def _messages(path: Path, raw: bytes, line_no: int) -> list[dict[str, str]]:
         record = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DatasetError(f"{KEY}: {path}:{line_no}: not a valid UTF-8 JSON line ({e})") from None
-    messages = record.get("messages") if isinstance(record, dict) else None
-    ok = isinstance(messages, list) and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-        for m in messages
-    )
-    if not ok or not messages:
+    messages = to_messages(record)
+    if messages is None:
         hint = (
             "; this is a plain-text line: use training.dataset = 'text'"
             if isinstance(record, dict) and "text" in record
             else ""
         )
-        raise DatasetError(
-            f'{KEY}: {path}:{line_no}: expected {{"messages": [{{"role": str, "content": str}}, '
-            f"...]}}{hint}"
-        )
+        raise DatasetError(f"{KEY}: {path}:{line_no}: {LAYOUTS}{hint}")
     return messages
 
 

@@ -36,6 +36,11 @@ def num_valid_tokens(labels_BS: torch.Tensor) -> torch.Tensor:
     return (labels_BS != IGNORE_INDEX).sum()
 
 
+def count_valid_tokens(batch: dict) -> torch.Tensor:
+    """A micro-batch's count that the token loss's sum is divided by (DPO's: dpo.count_pairs)."""
+    return num_valid_tokens(batch["labels"])
+
+
 def _chunk_loss_and_grad(
     logits_nV: torch.Tensor, labels_n: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,6 @@
 """Held-out loss during training: the training model, loss function and data pipeline, on
-`validation.steps` micro-batches per data-parallel rank, without gradients.
+`validation.steps` micro-batches per data-parallel rank, without gradients. With DPO: the
+preference loss over held-out pairs and its reward metrics (accuracy, margin, ...).
 
 Every validation reads the same micro-batches (the loader is rewound to its start), so the
 figures of one run are comparable step to step; the loss is a sum over tokens divided by the
@@ -15,7 +16,7 @@ import torch
 
 from torchtitan_ablate.components.data import build_dataloader
 from torchtitan_ablate.components.data.datasets import KEY, DatasetError
-from torchtitan_ablate.components.objective.loss import num_valid_tokens
+from torchtitan_ablate.components.objective.loss import count_valid_tokens
 from torchtitan_ablate.components.text.tokenizer import Tokenizer
 from torchtitan_ablate.config.job_config import Training, Validation
 from torchtitan_ablate.distributed import utils as dist_utils
@@ -83,22 +84,33 @@ class Validator:
                 yield next(rows)
 
     @torch.no_grad()
-    def run(self, model: torch.nn.Module, loss_fn: Callable) -> float:
-        """Mean cross-entropy per valid token over all ranks' validation micro-batches."""
+    def run(
+        self,
+        model: torch.nn.Module,
+        loss_fn: Callable,
+        loss_count: Callable[[dict], torch.Tensor] = count_valid_tokens,
+    ) -> dict[str, float]:
+        """validation_loss: the loss summed over all ranks' validation micro-batches, divided by
+        their global loss_count (valid tokens: the mean cross-entropy per token; DPO: pairs).
+        A loss function's own metrics (DPO's rewards/*, logps/*) come alike as validation_*."""
         pd = self.parallel_dims
         # Validation routing must not count towards the expert-load metrics of the log window.
         saved_load = [moe.tokens_per_expert.clone() for moe in model.moe_layers()]
         # Eval mode: LoRA dropout off, so the figure is deterministic and no RNG is drawn.
         was_training = model.training
         model.eval()
-        loss_sum = torch.zeros((), device=self.device)
-        tokens = torch.zeros((), device=self.device)
+        sums: dict[str, torch.Tensor] = {}
+        count = torch.zeros((), device=self.device)
         for batch in self._micro_batches():
             batch = place_micro_batch(batch, pd, self.device)
-            loss_sum += loss_fn(model, batch).float()
-            tokens += num_valid_tokens(batch["labels"])
+            out = loss_fn(model, batch)
+            loss, metrics = out if isinstance(out, tuple) else (out, {})
+            for name, value in {"loss": loss, **metrics}.items():
+                sums[name] = sums.get(name, 0) + value.float()
+            count += loss_count(batch)
         model.train(was_training)
         for moe, load in zip(model.moe_layers(), saved_load, strict=True):
             moe.tokens_per_expert.copy_(load)
-        totals = dist_utils.all_reduce_sum(torch.stack([loss_sum, tokens]), pd.loss_group())
-        return (totals[0] / totals[1].clamp(min=1)).item()
+        totals = dist_utils.all_reduce_sum(torch.stack([*sums.values(), count]), pd.loss_group())
+        means = (totals[:-1] / totals[-1].clamp(min=1)).tolist()
+        return {f"validation_{name}": mean for name, mean in zip(sums, means, strict=True)}

@@ -24,6 +24,11 @@ from typing import Any
 
 import torch
 
+from torchtitan_ablate.components.observability.metrics_file import (
+    end_with_a_whole_row,
+    keep_rows_up_to,
+    move_aside,
+)
 from torchtitan_ablate.components.observability.trackers import WandbTracker
 from torchtitan_ablate.config.job_config import Metrics as MetricsConfig
 
@@ -167,6 +172,9 @@ class MetricsLogger:
             return
         if os.path.isfile(self.path) and os.path.getsize(self.path) > 0:
             if resumed_step > 0:
+                fixed = end_with_a_whole_row(self.path)  # else this run's first row joins it
+                if fixed:
+                    logger.warning(f"{self.path}: {fixed}")
                 dropped = keep_rows_up_to(self.path, resumed_step)
                 if dropped:
                     logger.info(
@@ -275,8 +283,12 @@ class MetricsLogger:
             f"lr {r['lr']:.2e}  tps {r['tps']:,.0f} (processed {r['tps_processed']:,.0f})  "
             f"tflops {r['tflops']:.1f}  {mfu}  {mem}  data {100 * r['data_time_frac']:.1f}%"
         )
+        if "rewards/margins" in r:  # DPO
+            line += _rewards(r, "", "rewards")
         if "validation_loss" in r:
             line += f"  val_loss {r['validation_loss']:.4f}"
+        if "validation_rewards/margins" in r:
+            line += _rewards(r, "validation_", "val_rewards")
         if "moe_aux_loss" in r:
             line += (
                 f"  aux {r['moe_aux_loss']:.4f}  expert_load max/mean "
@@ -299,39 +311,17 @@ class MetricsLogger:
             self.wandb.close()
 
 
+def _rewards(r: dict[str, Any], prefix: str, label: str) -> str:
+    """DPO's rewards (TRL's rewards/*) of a record, for the console line."""
+    chosen, rejected = r[f"{prefix}rewards/chosen"], r[f"{prefix}rewards/rejected"]
+    margin, accuracy = r[f"{prefix}rewards/margins"], r[f"{prefix}rewards/accuracies"]
+    return (
+        f"  {label} chosen/rejected {chosen:.3f}/{rejected:.3f}  margin {margin:.3f}  "
+        f"acc {accuracy:.2f}"
+    )
+
+
 def _hms(seconds: float) -> str:
     """Seconds as h:mm:ss (hours unbounded: a run may last days)."""
     s = int(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-def move_aside(path: str) -> str:
-    """Renames metrics.jsonl to metrics.<its time>.jsonl; returns the new path."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(os.path.getmtime(path)))
-    old, n = os.path.join(os.path.dirname(path), f"metrics.{stamp}.jsonl"), 1
-    while os.path.exists(old):  # two runs ended within the same second
-        n += 1
-        old = os.path.join(os.path.dirname(path), f"metrics.{stamp}-{n}.jsonl")
-    os.replace(path, old)
-    return old
-
-
-def keep_rows_up_to(path: str, step: int) -> int:
-    """Rewrites metrics.jsonl without the rows after `step`; returns how many were dropped."""
-    with open(path) as f:
-        lines = f.read().splitlines()
-    kept = [x for x in lines if x.strip() and _row_step(x) <= step]
-    dropped = sum(1 for x in lines if x.strip()) - len(kept)
-    if dropped:
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write("".join(x + "\n" for x in kept))
-        os.replace(tmp, path)
-    return dropped
-
-
-def _row_step(line: str) -> int:
-    try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return 0  # a damaged row is kept: not this file's job to judge it

@@ -10,11 +10,22 @@ Assistant spans: a reply starts where the prompt for it ends, i.e. after
 render(messages[:i], add_generation_prompt=True), which must be a prefix of the whole
 conversation's text (templates that rewrite earlier turns, as Qwen3's does with <think>, keep
 this), and ends after the first `end` marker (<|im_end|>) from there.
+
+A template is code from the tokenizer folder, so it is tried before training (rendered on
+SAMPLE when the renderer is made, i.e. when the data loader is built, before the model) and
+every failure is one line naming its file (ChatTemplateError, exit code 2): a syntax error, the
+sandbox's SecurityError, the template's own raise_exception, any other error, and a render that
+takes longer than RENDER_SECONDS (a loop that does not end; timed with SIGALRM on the thread
+that renders when it is the main thread, as in the trainer and its loader workers).
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +34,24 @@ from typing import Any
 from torchtitan_ablate.config import ConfigError
 
 KEY = "model.tokenizer_path"
+RENDER_SECONDS = 10.0  # for one render; a chat takes milliseconds
+SAMPLE = [
+    {"role": "user", "content": "What is 2 plus 2?"},
+    {"role": "assistant", "content": "It is 4."},
+]
+_FIX = "fix it, or remove chat_template to render chats in the built-in Qwen format"
+
+
+class ChatTemplateError(ConfigError):
+    """A chat template that cannot render: one line naming its tokenizer_config.json."""
+
+
+class _Raised(Exception):
+    """The template's own raise_exception(message)."""
+
+
+class _TooSlow(Exception):
+    pass
 
 
 @dataclass
@@ -57,12 +86,11 @@ def read_chat_template(folder: Path) -> ChatTemplate | None:
 
 
 def _compile(source: str) -> Any:
-    import jinja2
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
+        raise _Raised(message)
 
     def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
                separators: Any = None, sort_keys: bool = False) -> str:  # fmt: skip
@@ -78,18 +106,67 @@ def _compile(source: str) -> Any:
     return env.from_string(source)
 
 
-class TemplateRenderer:
-    """Messages -> (text, assistant spans as [start, end) character offsets)."""
+@contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Raises _TooSlow in the block after `seconds` (on the main thread; elsewhere no limit)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
-    def __init__(self, template: ChatTemplate, end: str = "<|im_end|>") -> None:
+    def too_slow(signum: int, frame: object) -> None:
+        raise _TooSlow
+
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, _Raised):
+        return f"the template raised {str(e)!r}"
+    text = (str(e).strip().splitlines() or [""])[0][:300]
+    line = getattr(e, "lineno", None)  # jinja2's TemplateSyntaxError
+    return f"{type(e).__name__}{f' at line {line}' if line else ''}: {text}"
+
+
+class TemplateRenderer:
+    """Messages -> (text, assistant spans as [start, end) character offsets). ImportError
+    without jinja2; ChatTemplateError when the template fails on SAMPLE."""
+
+    def __init__(
+        self, template: ChatTemplate, end: str = "<|im_end|>", seconds: float | None = None
+    ) -> None:
         self.template, self.end = template, end
-        self.compiled = _compile(template.source)
+        self.seconds = RENDER_SECONDS if seconds is None else seconds
+        self.what = "a sample conversation (tried before training)"
+        try:
+            self.compiled = _compile(template.source)
+        except ImportError:
+            raise
+        except Exception as e:
+            raise ChatTemplateError(self._failed(f"does not compile: {_describe(e)}")) from None
+        self(SAMPLE)
+        self.what = "a conversation"
+
+    def _failed(self, why: str) -> str:
+        return f"{KEY}: the chat_template of {self.template.origin} {why}; {_FIX}"
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        return self.compiled.render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
-            tools=None, documents=None, **self.template.variables,
-        )  # fmt: skip
+        try:
+            with _time_limit(self.seconds):
+                return self.compiled.render(
+                    messages=messages, add_generation_prompt=add_generation_prompt,
+                    tools=None, documents=None, **self.template.variables,
+                )  # fmt: skip
+        except _TooSlow:
+            why = f"took more than {self.seconds:g} s to render {self.what} (an endless loop?)"
+            raise ChatTemplateError(self._failed(why)) from None
+        except Exception as e:
+            raise ChatTemplateError(self._failed(f"fails on {self.what}: {_describe(e)}")) from None
 
     def __call__(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
         text = self.render(messages, add_generation_prompt=False)
@@ -99,11 +176,11 @@ class TemplateRenderer:
                 continue
             prompt = self.render(messages[:i], add_generation_prompt=True)
             if not text.startswith(prompt):
-                raise ConfigError(
-                    f"{KEY}: the chat_template of {self.template.origin} renders the prompt of "
-                    f"assistant message {i} differently from the whole conversation, so its "
-                    "reply cannot be located; remove chat_template to use the built-in format"
+                why = (
+                    f"renders the prompt of assistant message {i} of {self.what} differently "
+                    "from the whole conversation, so its reply cannot be located"
                 )
+                raise ChatTemplateError(self._failed(why))
             stop = text.find(self.end, len(prompt))
             spans.append((len(prompt), len(text) if stop < 0 else stop + len(self.end)))
         return text, spans

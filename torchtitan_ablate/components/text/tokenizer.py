@@ -139,6 +139,8 @@ def load_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
             ranks[base64.b64decode(token_b64, validate=True)] = int(rank)
         except ValueError as e:
             raise ValueError(f"{path}:{line_no}: not a '<base64 token> <rank>' line") from e
+    if not ranks:
+        raise ValueError(f"{path} holds no token (an empty file), not one '<base64> <rank>' line")
     if len(set(ranks.values())) != len(ranks):
         raise ValueError(f"{path}: duplicate ranks")  # tiktoken would panic instead
     return ranks

@@ -290,17 +290,23 @@ def _loader(config: JobConfig):
     return build_dataloader(config.training, BYTE, 0, 1)
 
 
+def _saved_after_3_batches(folder, config):
+    """A loader's iterator 3 batches in, its state saved as step 3's checkpoint in `folder`."""
+    loader = _loader(config)
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    _data_manager(folder, config, loader).save(3)
+    return batches
+
+
 @pytest.mark.parametrize("suffix", [".jsonl", ".txt"])
 def test_other_data_on_resume_starts_from_its_first_document(tmp_path, caplog, suffix):
     """An edited corpus resumed at the old byte offset: mid-paragraph for .txt, and for .jsonl
     a valid file reported as "invalid JSON at line N"."""
     corpus = _write(tmp_path / f"corpus{suffix}", DOCS)
     config = _text_config(corpus)
-    loader = _loader(config)
-    batches = iter(loader)
-    for _ in range(3):
-        next(batches)
-    _data_manager(tmp_path / "ckpt", config, loader).save(3)
+    _saved_after_3_batches(tmp_path / "ckpt", config)
     _write(corpus, ["a new first document, longer than the others"] + DOCS)
     fresh = next(iter(_loader(config)))
     resumed = _loader(config)
@@ -316,11 +322,7 @@ def test_other_data_on_resume_starts_from_its_first_document(tmp_path, caplog, s
 def test_the_same_data_at_another_path_continues_from_its_position(tmp_path, caplog):
     corpus = _write(tmp_path / "corpus.jsonl", DOCS)
     config = _text_config(corpus)
-    loader = _loader(config)
-    batches = iter(loader)
-    for _ in range(3):
-        next(batches)
-    _data_manager(tmp_path / "ckpt", config, loader).save(3)
+    batches = _saved_after_3_batches(tmp_path / "ckpt", config)
     expected = next(batches)
     moved = tmp_path / "moved" / "corpus.jsonl"
     moved.parent.mkdir()

@@ -9,14 +9,18 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.data import (
+    BYTE,
     DOCS,
     assert_same_rows,
+    damage_row_group,
     documents_in,
     loader,
     rows,
     take,
     write_jsonl,
 )
+from torchtitan_ablate.components.data import dataloader
+from torchtitan_ablate.components.data.datasets import TextDocuments
 from torchtitan_ablate.config import ConfigError, load_config
 
 pa = pytest.importorskip("pyarrow")
@@ -71,6 +75,23 @@ def test_parquet_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyP
         monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
     with pytest.raises(ConfigError, match=r"d.parquet is a parquet file .*pip install pyarrow"):
         loader(path)
+
+
+def test_a_damaged_row_group_is_one_line_naming_file_and_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_parquet(tmp_path / "d.parquet", DOCS)  # row groups of 5 rows
+    damage_row_group(path, 1)
+    error = r"d.parquet: row group 1 \(rows 5-9\) cannot be read \(.*\): the file is damaged"
+    with pytest.raises(ConfigError, match=error):  # checked before training
+        loader(path)
+    source = TextDocuments([path], BYTE)
+    assert source.check_lines(max_bytes=1) is False  # past the budget: checked when read
+    monkeypatch.setattr(dataloader, "_check_up_front", lambda source: None)
+    for workers in (0, 1):  # read in the main process, or a worker's error passed back
+        with pytest.raises(ConfigError, match=error) as e:
+            rows(loader(path, num_workers=workers), 10)
+        assert "\n" not in str(e.value) and str(e.value).startswith("training.dataset_path: ")
 
 
 def test_shuffle_buffer_is_seeded_and_keeps_every_document(tmp_path: Path) -> None:

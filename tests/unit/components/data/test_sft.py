@@ -103,3 +103,54 @@ def test_clear_errors(tok, tmp_path):
         next(iter(loader(tok, "greedy", path=str(bad))))
     with pytest.raises(ConfigError, match="training.packing = 'best_fit'"):
         load_config(["--training.packing", "best_fit"])  # the rule's one home: the loader
+
+
+SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt"}
+
+
+def test_sharegpt_and_alpaca_rows_give_the_rows_of_their_messages(tok, tmp_path):
+    """A ShareGPT line and an Alpaca line are loaded exactly as the messages they stand for:
+    same tokens, same assistant-only labels, in one file with a messages line."""
+    sharegpt = {"conversations": [{"from": SHAREGPT_ROLES[m["role"]], "value": m["content"]}
+                                  for m in CONV]}  # fmt: skip
+    alpaca = {"instruction": "Add them.", "input": "2 and 2", "output": "4"}
+    alpaca_no_input = {"instruction": "Say hi.", "input": "", "output": "hi"}
+    as_messages = [
+        CONV,
+        [{"role": "user", "content": "Add them.\n\n2 and 2"},
+         {"role": "assistant", "content": "4"}],
+        [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}],
+    ]  # fmt: skip
+    mixed, plain = tmp_path / "mixed.jsonl", tmp_path / "plain.jsonl"
+    mixed.write_text("".join(json.dumps(r) + "\n" for r in (sharegpt, alpaca, alpaca_no_input)))
+    plain.write_text("".join(json.dumps({"messages": m}) + "\n" for m in as_messages))
+    got, want = (next(iter(loader(tok, "padding", batch=3, path=str(p))))
+                 for p in (mixed, plain))  # fmt: skip
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+    render = ChatRenderer(tok)
+    tokens, mask = render(as_messages[1])
+    assert tok.decode(tokens).startswith("<|im_start|>user\nAdd them.\n\n2 and 2<|im_end|>")
+    assert tok.decode([t for t, m in zip(tokens, mask) if m]) == "4<|im_end|>"
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"conversations": [{"from": "bot", "value": "hi"}]},  # an unknown speaker
+        {"conversations": []},
+        {"instruction": "Say hi.", "input": 3, "output": "hi"},
+        {"instruction": "Say hi."},  # no output
+        {"prompt": "hi", "completion": "yo"},
+    ],
+)
+def test_a_row_in_no_layout_is_one_line_naming_file_and_line(tok, tmp_path, row):
+    path = tmp_path / "chats.jsonl"
+    good = {"instruction": "Say hi.", "output": "hi"}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(ConfigError) as e:
+        next(iter(loader(tok, "greedy", path=str(path))))
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith(f'training.dataset_path: {path}:2: expected {{"messages"')
+    assert "ShareGPT" in message and "Alpaca" in message

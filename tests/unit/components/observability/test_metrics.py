@@ -55,6 +55,26 @@ def test_known_peak_prints_mfu(tmp_path, caplog):
     assert line.startswith("step     1  ") and "% " in line.split("mfu ")[1] and "eta" not in line
 
 
+def test_dpo_rewards_and_their_validation_figures_are_on_the_console_line(tmp_path, caplog):
+    rewards = {"rewards/chosen": 0.25, "rewards/rejected": -0.125, "rewards/margins": 0.375}
+    rewards["rewards/accuracies"] = 0.75
+    held_out = {f"validation_{k}": v / 2 for k, v in rewards.items()}
+    m = _logger(tmp_path)
+    m.open(resumed_step=0)
+    with caplog.at_level(logging.INFO, logger="torchtitan_ablate"):
+        m.log(1, dict(VALUES))
+        m.log(2, {**VALUES, **rewards})
+        m.log(3, {**VALUES, **rewards, "validation_loss": 0.5, **held_out})
+    plain, train, both = (r.getMessage() for r in caplog.records[-3:])
+    assert "rewards" not in plain
+    expected = "rewards chosen/rejected 0.250/-0.125  margin 0.375  acc 0.75"
+    assert expected in train and "val_" not in train
+    assert f"  {expected}" in both
+    assert (
+        "val_loss 0.5000  val_rewards chosen/rejected 0.125/-0.062  margin 0.188  acc 0.38" in both
+    )
+
+
 def test_enable_wandb_without_the_package_is_one_config_error(monkeypatch):
     monkeypatch.delitem(sys.modules, "wandb", raising=False)
     monkeypatch.setattr(trackers.importlib.util, "find_spec", lambda name: None)

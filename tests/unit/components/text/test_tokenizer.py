@@ -93,6 +93,8 @@ def test_sentencepiece(tmp_path: Path) -> None:
     [
         ("missing.tiktoken", None, "no such file or folder"),
         ("bad.tiktoken", "not base64 at all\n", r"bad.tiktoken:1"),
+        ("empty.tiktoken", "", r"empty.tiktoken holds no token \(an empty file\)"),
+        ("blank.tiktoken", "\n\n", r"blank.tiktoken holds no token \(an empty file\)"),
         ("tokenizer.json", "{not json", "tokenizer.json is not valid JSON"),
         ("tokenizer.json", "[1, 2]", "holds one JSON object, not a list"),
         ("tokenizer.json", '{"model": {"type": "WordPiece"}}', "only byte-level BPE"),
