@@ -26,6 +26,7 @@ from torchtitan_ablate.config.job_config import (
     Profiling,
 )
 from torchtitan_ablate.config.optim_config import NO_DECAY_CLASSES, LRScheduler, Optimizer
+from torchtitan_ablate.config.pipeline_rules import check_pipeline_parallel
 from torchtitan_ablate.config.require import at_least, require, unset_or_positive
 from torchtitan_ablate.config.training_rules import check_dpo, check_training, check_validation
 
@@ -51,6 +52,7 @@ def validate(config: JobConfig) -> None:
         _check_lora(config.lora)
     _check_ep_dispatch(config)
     _check_tensor_parallel(config)
+    check_pipeline_parallel(config)
     check_dpo(config)
     _check_force_load_balance(config)
 
@@ -203,6 +205,7 @@ def _check_seed_checkpoint(config: JobConfig) -> None:
         "context_parallel_degree": p.context_parallel_degree,
         "expert_parallel_degree": p.expert_parallel_degree,
         "tensor_parallel_degree": p.tensor_parallel_degree,
+        "pipeline_parallel_degree": p.pipeline_parallel_degree,
     }
     for name, degree in degrees.items():
         require(

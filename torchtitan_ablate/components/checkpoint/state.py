@@ -76,14 +76,21 @@ class OptimizerWrapper(Stateful):
     """One optimizer per model part, merged into one flat state dict keyed by parameter FQN."""
 
     def __init__(self, model_parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]):
-        if len(model_parts) != len(optimizers):
-            raise ValueError(
-                f"need one optimizer per model part, got {len(optimizers)} optimizers "
-                f"for {len(model_parts)} model parts"
-            )
+        # Checked when used: a run without checkpoints may hold one optimizer over several
+        # parts (the virtual pipeline stages of a rank; config rules refuse checkpoints there).
+        self.counts = len(model_parts), len(optimizers)
         self.pairs = list(zip(model_parts, optimizers))
 
+    def _check(self) -> None:
+        parts, optimizers = self.counts
+        if parts != optimizers:
+            raise ValueError(
+                f"need one optimizer per model part, got {optimizers} optimizers "
+                f"for {parts} model parts"
+            )
+
     def state_dict(self) -> dict[str, Any]:
+        self._check()
         return {
             k: v
             for model, optim in self.pairs
@@ -93,6 +100,7 @@ class OptimizerWrapper(Stateful):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads the moments and step counts; the param groups' hyperparameters stay this
         run's (the checkpoint's would silently override a changed config)."""
+        self._check()
         for model, optim in self.pairs:
             own = get_optimizer_state_dict(model, optim, options=_OPTIM_OPTIONS).keys()
             settings = [{k: v for k, v in g.items() if k != "params"} for g in optim.param_groups]

@@ -1,6 +1,11 @@
 """parallelize_qwen3: the one place where techniques are applied to a meta-device Qwen3Model.
 
 The order is fixed and matters:
+PP. pipeline parallel before everything: it cuts the model into this rank's stages (copies
+   keeping their own modules under their original names), and every step below then applies to
+   each stage as to a whole model (its own FSDP root, its blocks AC'd and compiled), so none of
+   them needs to know about stages. Each stage is then materialized and initialized by the build
+   path like a whole model. LoRA, float8, TP, EP and CP with PP are refused for now.
 0. LoRA first (when enabled): it adds the adapter parameters that EP and FSDP must shard like
    their base weights, and its adapted projections are no longer nn.Linear, so float8 leaves
    them (frozen base included) in high precision instead of dropping the adapters.
@@ -42,6 +47,7 @@ from torchtitan_ablate.distributed.fsdp import (
     param_dtype,
 )
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
+from torchtitan_ablate.distributed.pipeline_parallel import plan_stages, split_stages, stage_ids
 from torchtitan_ablate.distributed.tensor_parallel import apply_tp
 from torchtitan_ablate.models.common.lora import apply_lora
 from torchtitan_ablate.models.qwen3.args import Qwen3ModelArgs
@@ -101,13 +107,36 @@ def parallelize_qwen3(
     job_config: JobConfig,
     device_type: str,
     compile_backend: CompileBackend = INDUCTOR,
-) -> AccumulationPlan | None:
-    """Applies the techniques in place; returns FSDP's plan for the micro-batches of a step
-    (None without FSDP), which the train step hands to `before_micro_batch`.
+) -> tuple[list[nn.Module], AccumulationPlan | None]:
+    """Returns this rank's model parts (the model itself, or its pipeline stages), each
+    parallelized in place, and FSDP's plan for the micro-batches of a step, which the train step
+    hands to `before_micro_batch` (None without FSDP, and with PP, whose stages tell FSDP which
+    micro-batch is the last themselves).
 
     compile_backend: torch.compile's backend for the blocks (the memory estimator's models
     Inductor on fake tensors)."""
     pd = parallel_dims
+    if not pd.pp_enabled:
+        return [model], _parallelize_part(model, pd, job_config, device_type, compile_backend)
+    p = job_config.parallelism
+    fqns = plan_stages(p, model.args.n_layers)
+    parts = split_stages(model, fqns, stage_ids(p, pd.mesh("pp").get_local_rank(), len(fqns)))
+    for part in parts:
+        _parallelize_part(part, pd, job_config, device_type, compile_backend)
+    logger.info(
+        f"pipeline parallel: {len(fqns)} stages over {pd.pp} ranks ({p.pipeline_parallel_schedule})"
+    )
+    return parts, None
+
+
+def _parallelize_part(
+    model: nn.Module,
+    pd: ParallelDims,
+    job_config: JobConfig,
+    device_type: str,
+    compile_backend: CompileBackend,
+) -> AccumulationPlan | None:
+    """Steps 0 to 7 on the whole model or on one pipeline stage."""
     dtype = param_dtype(job_config.training, device_type)
     # FSDP2 also on one GPU: its MixedPrecisionPolicy gives bf16 compute over fp32 weights. And
     # with TP on one dp rank: it sums the replicated weights' pending (Partial) tp gradients.
