@@ -87,7 +87,8 @@ def apply_fsdp(
         offload_policy=CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
     )
     # A pipeline stage holds tok_embeddings or norm + output or neither (None).
-    tied = model.output is not None and model.output.weight is model.tok_embeddings.weight
+    whole = model.output is not None and model.tok_embeddings is not None
+    tied = whole and model.output.weight is model.tok_embeddings.weight
     if not tied and model.tok_embeddings is not None:
         # With tied weights the shared table must live in one FSDP group: the root's.
         reshard = reshard_policy(reshard_after_forward, is_last_block=False)
