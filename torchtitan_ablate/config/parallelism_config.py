@@ -46,14 +46,16 @@ class Parallelism:
 
     pipeline_parallel_degree: int = 1
     """Ranks the layers are split over (pipeline parallel, the outermost mesh dimension); 1 =
-    off. Dense models with untied embeddings only (8B and larger flavors)."""
+    off. Each rank holds one or more model parts: consecutive blocks, the
+    first part also the embedding, the last the final norm and output head. Dense models with
+    untied embeddings only (8B and larger flavors)."""
 
     pipeline_parallel_schedule: Literal[
         "1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"
     ] = "1F1B"
-    """The order the micro-batches' forwards and backwards run in. 1F1B and GPipe: one stage
-    per rank; Interleaved1F1B, InterleavedZeroBubble (looped) and ZBVZeroBubble (V-shaped: a
-    rank holds the first and the last stage): several stages per rank (2 unless
+    """The order the micro-batches' forwards and backwards run in. 1F1B and GPipe: one model
+    part per rank; Interleaved1F1B, InterleavedZeroBubble (looped) and ZBVZeroBubble (V-shaped:
+    a rank holds the first and the last part): several parts per rank (2 unless
     pipeline_parallel_layers_per_stage says otherwise)."""
 
     pipeline_parallel_microbatch_size: int = 1
@@ -61,12 +63,12 @@ class Parallelism:
     sequences, which it must divide) is cut into local_batch_size / this micro-batches."""
 
     pipeline_parallel_layers_per_stage: int | None = None
-    """Transformer blocks per (virtual) stage; the embedding and the final norm + output head
-    each count as one block. None: 1 stage per rank (single-stage schedules) or 2 (the others),
-    the blocks split evenly. Ignored when module_fqns_per_model_part is set."""
+    """Transformer blocks per model part; the embedding and the final norm + output head each
+    count as one block. None: 1 part per rank (single-part schedules) or 2 (the others), the
+    blocks split evenly. Ignored when module_fqns_per_model_part is set."""
 
     module_fqns_per_model_part: list[list[str]] | None = None
-    """Module names of each stage, in stage order, e.g. [["tok_embeddings", "layers.0"],
-    ["layers.1", "norm", "output"]]: every block once, tok_embeddings in the first stage, norm
-    and output in the last; a multiple of pipeline_parallel_degree stages. None: the split of
-    pipeline_parallel_layers_per_stage."""
+    """Module names of each model part, in pipeline order, e.g. [["tok_embeddings",
+    "layers.0"], ["layers.1", "norm", "output"]]: every block once and in order, tok_embeddings
+    in the first part, norm and output in the last; a multiple of pipeline_parallel_degree
+    parts. None: the split of pipeline_parallel_layers_per_stage."""
