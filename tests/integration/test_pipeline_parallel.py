@@ -2,6 +2,7 @@
 per-step losses within 1e-5 relative, final parameters within 1e-4 (the tolerances of
 test_parallel_equivalence). The debug model is untied here (PP refuses tied embeddings)."""
 
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -53,3 +54,16 @@ def test_pp2_fsdp2_matches_single_process(tmp_path, reference):
     out = run_distributed(_train_untied, 4, str(tmp_path), args)
     assert all(o["losses"] == out[0]["losses"] for o in out)
     assert_same_training(out[0], reference)
+
+
+def test_pp2_checkpoint_resumes_exactly_and_on_one_process(tmp_path):
+    """Each rank saves its own part's weights and moments under the whole model's names, so a
+    PP 2 checkpoint resumes at PP 2 and on one process (DCP reshards by name) alike."""
+    ckpt = ["--checkpoint.enable", "--checkpoint.interval", "1"] + ARGS
+    pp2 = [P + "pipeline_parallel_degree", "2"]
+    whole = run_distributed(_train_untied, 2, str(tmp_path / "a"), ckpt + pp2)[0]["losses"]
+    for dst, world, args in (("b", 2, pp2), ("c", 1, [])):
+        name = "checkpoint/step-1"  # a copy: the resumed run prunes its own folder
+        shutil.copytree(tmp_path / "a" / name, tmp_path / dst / name)
+        got = run_distributed(_train_untied, world, str(tmp_path / dst), ckpt + args)[0]
+        assert got["losses"] == pytest.approx(whole[1:], rel=1e-5), dst

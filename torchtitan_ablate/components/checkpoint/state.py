@@ -265,3 +265,21 @@ def check_keys(path: str, state: dict[str, Any], keys: set[str]) -> None:
             f"checkpoint {path} lacks {len(missing)} entries this run needs (saved by another "
             f"model or config?): {sorted(missing)[:8]}"
         )
+
+
+def unread_model_entries(state: dict[str, Any], keys: set[str]) -> list[str]:
+    """Checkpoint entries no rank of this run loads: those of a bigger model. Data loader, RNG
+    and settings entries are left out (other ranks' are expected to stay unread); with pipeline
+    parallel each rank loads its own part's entries, so an entry counts only if every rank
+    lacks it."""
+    extra = {
+        k
+        for k in keys
+        if not k.startswith(("dataloader.", "rng.", "settings."))
+        and not any(".".join(k.split(".")[:i]) in state for i in range(1, k.count(".") + 2))
+    }
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        every: list[set[str]] = [set()] * dist.get_world_size()
+        dist.all_gather_object(every, extra)
+        extra = set.intersection(*every)
+    return sorted(extra)
