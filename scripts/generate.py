@@ -1,6 +1,7 @@
 """Sample text from a checkpoint: a training (DCP) checkpoint or a Hugging Face folder.
 
-    python scripts/generate.py outputs/debug_model/checkpoint/step-50 --prompt "Once upon a time"
+    python scripts/generate.py outputs/laptop/pretrain/checkpoint/step-20 \\
+        --prompt "Once upon a time"
     python scripts/generate.py ~/hf/Qwen3-0.6B --prompt "The capital of France is" \\
         --temperature 0.7 --top-p 0.9 --seed 1 --device cuda
 

@@ -17,6 +17,9 @@
 #   TT_ARGS, OURS_ARGS  extra overrides, after the corpus' tokenizer (paths without spaces);
 #                       MoE: this engine runs with model.moe_bias_update_rate 0, as torchtitan
 #                       0.2.2's Qwen3 trains (its expert bias never moves), unless OURS_ARGS sets it
+#   GPU_MEMORY_CAP_GIB=G  cap every rank's CUDA allocator of both engines at G GiB
+#                       (scripts/peer/gpu_cap): an 80 GB recipe measured on an H200 as on an
+#                       H100 (79.1 = an H100's memory as torch reports it)
 # Speed figures compare only at the same corpus content_hash (printed first and last).
 set -uo pipefail
 
@@ -49,6 +52,10 @@ echo "[peer_bench] corpus $CORPUS, content_hash $HASH"
 export TTPEER_CORPUS="$CORPUS/train.jsonl" ATTN="${ATTN:-flex}"
 # scripts/peer/ttpeer_expert_load.py logs torchtitan's expert load (it loads the peer's flavors).
 export PYTHONPATH="$ROOT/scripts/peer${PYTHONPATH:+:$PYTHONPATH}"
+if [ -n "${GPU_MEMORY_CAP_GIB:-}" ]; then
+  export GPU_MEMORY_CAP_GIB PYTHONPATH="$ROOT/scripts/peer/gpu_cap:$PYTHONPATH"
+  echo "[peer_bench] CUDA allocator capped at $GPU_MEMORY_CAP_GIB GiB per rank (both engines)"
+fi
 export TT_ARGS="--model.hf_assets_path $CORPUS/tokenizer --training.dataset_path $TTPEER_CORPUS \
 --experimental.custom_import ttpeer_expert_load ${TT_ARGS:-}"
 # torchtitan 0.2.2's Qwen3 never updates its expert bias (it builds its optimizers without the

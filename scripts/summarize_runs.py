@@ -15,7 +15,9 @@ from pathlib import Path
 
 from torchtitan_ablate.components.observability.metrics_file import read_metrics_rows
 
-KEYS = ("step", "loss", "tps", "tflops", "mfu", "memory_max_active_gib", "memory_max_reserved_gib")
+# Numeric in every row; mfu and memory_max_* are null where the device has no known peak or
+# memory statistics (CPU), n/a in the table.
+KEYS = ("step", "loss", "tps", "tflops")
 
 
 class MetricsError(ValueError):
@@ -49,10 +51,24 @@ def summarize(folder: Path) -> dict:
         "loss_last": rows[-1]["loss"],
         "tps": statistics.median(r["tps"] for r in steady),
         "tflops": statistics.median(r["tflops"] for r in steady),
-        "mfu": statistics.median(r["mfu"] for r in steady),
-        "active_gib": max(r["memory_max_active_gib"] for r in rows),
-        "reserved_gib": max(r["memory_max_reserved_gib"] for r in rows),
+        "mfu": _median([r.get("mfu") for r in steady]),
+        "active_gib": _max([r.get("memory_max_active_gib") for r in rows]),
+        "reserved_gib": _max([r.get("memory_max_reserved_gib") for r in rows]),
     }
+
+
+def _median(values: list) -> float | None:
+    numbers = [v for v in values if isinstance(v, (int, float))]
+    return statistics.median(numbers) if numbers else None
+
+
+def _max(values: list) -> float | None:
+    numbers = [v for v in values if isinstance(v, (int, float))]
+    return max(numbers) if numbers else None
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(
             f"| {s['run']} | {s['steps']} | {s['loss_first']:.3f} -> {s['loss_last']:.3f} | "
-            f"{s['tps']:,.0f} | {s['tflops']:.1f} | {s['mfu']:.1f} | "
-            f"{s['active_gib']:.1f} / {s['reserved_gib']:.1f} |"
+            f"{s['tps']:,.0f} | {s['tflops']:.1f} | {_num(s['mfu'], '.1f')} | "
+            f"{_num(s['active_gib'], '.1f')} / {_num(s['reserved_gib'], '.1f')} |"
         )
     sys.stdout.flush()
     for line in errors:

@@ -1,10 +1,12 @@
 """The one build path below the trainer: training, estimation, bench and the ablation runner.
 
     layout = build_layout(config, world_size, device_type)   # checks, meshes, seed
-    dataloader = build_data(config, layout, device)           # the trainer and bench only
+    tokenizer, loader = build_data(config, layout, device)    # the trainer and bench only
+    config = resolve_steps(config, layout, tokenizer)         # training.epochs -> steps
     run = build_run(config, layout, device)                   # model, optimizer, schedule, loss
 
-`check_layout` alone makes every check that needs no process group (the ablation dry run).
+`check_layout` (layout.py) alone makes every check that needs no process group (the ablation
+dry run).
 The model family is model.name's (models/registry.py): its sizes, model class and parallelize
 recipe. The model is built on the meta device, parallelized by that recipe, materialized on the
 device and initialized; `step.train_step(run, batches)` is the step every caller times, tracks
@@ -23,6 +25,7 @@ from torch import nn
 
 from torchtitan_ablate.components.compile import INDUCTOR, CompileBackend
 from torchtitan_ablate.components.data import build_dataloader
+from torchtitan_ablate.components.data.epochs import num_epoch_steps
 from torchtitan_ablate.components.objective.dpo import build_dpo_loss, count_pairs
 from torchtitan_ablate.components.objective.loss import (
     check_kernel_loss,
@@ -39,7 +42,8 @@ from torchtitan_ablate.config.derived import compiles, resolved_loss_impl
 from torchtitan_ablate.config.dpo_config import dpo_enabled
 from torchtitan_ablate.distributed.fsdp import AccumulationPlan
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
-from torchtitan_ablate.distributed.pipeline_parallel import Pipeline, build_pipeline, check_pipeline
+from torchtitan_ablate.distributed.pipeline_parallel import Pipeline, build_pipeline
+from torchtitan_ablate.layout import Layout, check_layout
 from torchtitan_ablate.models.common import attention
 from torchtitan_ablate.models.common.init import ParamInit
 from torchtitan_ablate.models.common.lora import adapters_off, init_lora_weights
@@ -73,18 +77,6 @@ TRAINING_BUILD = BuildOptions()  # the trainer's (and bench's, seed checkpoint's
 
 
 @dataclass
-class Layout:
-    """What a run is before anything is built: degrees, model sizes, micro-batches per step."""
-
-    parallel_dims: ParallelDims
-    model_args: Any
-    """The sizes, in the model family's args class."""
-    grad_accum: int
-    sequences_per_step: int
-    """Sequences per optimizer step over all ranks (the global batch)."""
-
-
-@dataclass
 class Run:
     """A built run: everything `step.train_step` needs."""
 
@@ -113,63 +105,6 @@ class Run:
         under FSDP and TP, whose DTensors count whole; with PP its stages')."""
         params = [p for part in self.model_parts for p in part.parameters()]
         return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
-
-
-def build_parallel_dims(config: JobConfig, world_size: int) -> ParallelDims:
-    p = config.parallelism
-    try:
-        return ParallelDims(
-            dp_replicate=p.data_parallel_replicate_degree,
-            dp_shard=p.data_parallel_shard_degree,
-            cp=p.context_parallel_degree,
-            ep=p.expert_parallel_degree,
-            world_size=world_size,
-            tp=p.tensor_parallel_degree,
-            pp=p.pipeline_parallel_degree,
-        )
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
-def num_microbatches(config: JobConfig, dp: int) -> int:
-    t = config.training
-    per_micro = t.local_batch_size * dp
-    if t.global_batch_size == -1:
-        return 1
-    if t.global_batch_size % per_micro:
-        raise ConfigError(
-            f"training.global_batch_size = {t.global_batch_size} must be a multiple of "
-            f"local_batch_size * data-parallel degree = {t.local_batch_size} * {dp}"
-        )
-    return t.global_batch_size // per_micro
-
-
-def check_layout(config: JobConfig, world_size: int) -> Layout:
-    """Every check made before anything is built (shared by the trainer, the estimator and the
-    ablation dry run): degrees vs world size, model vs degrees, batch vs data parallel."""
-    pd = build_parallel_dims(config, world_size)
-    spec = get_spec(config.model.name)
-    model_args = spec.build_args(
-        config.model,
-        config.training.seq_len,
-        config.checkpoint.initial_load_path,
-        config.debug.moe_force_load_balance,
-    )
-    if pd.tp_enabled and spec.tp_split is None:
-        raise ConfigError(
-            f"parallelism.tensor_parallel_degree = {pd.tp}: model.name = {config.model.name!r} "
-            "has no tensor parallel; set it to 1"
-        )
-    tp_split = spec.tp_split(model_args) if spec.tp_split is not None else None
-    try:
-        pd.check_model(model_args.num_experts, config.training.seq_len, tp_split)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    if pd.pp_enabled:
-        check_pipeline(config, model_args)
-    grad_accum = num_microbatches(config, pd.dp)
-    sequences = config.training.local_batch_size * pd.dp * grad_accum
-    return Layout(pd, model_args, grad_accum, sequences)
 
 
 def build_layout(config: JobConfig, world_size: int, device_type: str) -> Layout:
@@ -212,6 +147,30 @@ def build_data(
     # After the data checks: a bad dataset path stays the only line a failed start prints.
     logger.info(f"tokenizer: {config.model.tokenizer_path} ({tokenizer.vocab_size:,} tokens)")
     return tokenizer, dataloader
+
+
+def resolve_steps(
+    config: JobConfig, layout: Layout, tokenizer: Tokenizer | None = None
+) -> JobConfig:
+    """config with training.steps derived from training.epochs (components/data/epochs.py
+    counts the data, the same on every rank), logged in one line; config itself without
+    epochs. The trainer asks it after build_data, the ablation plan after check_layout."""
+    t = config.training
+    if t.epochs is None:
+        return config
+    tokenizer = tokenizer or build_tokenizer(config.model.tokenizer_path)
+    shards = layout.parallel_dims.dp * max(t.num_workers, 1)
+    derived = num_epoch_steps(
+        t, tokenizer, layout.sequences_per_step, shards, config.dpo.max_bad_rows
+    )
+    logger.info(derived.describe(t.epochs))
+    if t.exit_at_step > derived.steps:
+        raise ConfigError(
+            f"training.exit_at_step = {t.exit_at_step} is after the last step (training.epochs "
+            f"= {t.epochs:g} gives training.steps = {derived.steps}): use a step in "
+            f"1..{derived.steps}, or -1"
+        )
+    return dataclasses.replace(config, training=dataclasses.replace(t, steps=derived.steps))
 
 
 def build_model(

@@ -22,10 +22,11 @@ def train() -> None:
 def estimate(argv: list[str] | None = None) -> None:
     """Per-GPU peak-memory estimate without a GPU: `ttablate-estimate --job.config_file X`
     [--memory_estimation.world_size N] [--memory_estimation.device_memory_gib G]
-    [--memory_estimation.output estimate.json] [any --section.key value]."""
+    [--memory_estimation.output estimate.json] [--memory_estimation.fewest_gpus true]
+    [any --section.key value]."""
     from torchtitan_ablate.config.precheck import check_before_torch
 
-    check_before_torch(sys.argv[1:] if argv is None else argv, "python estimation.py")
+    check_before_torch(sys.argv[1:] if argv is None else argv, "python estimation.py", False)
     from torchtitan_ablate.config import run_main  # after the check: the estimator imports torch
     from torchtitan_ablate.estimator import estimate_main
 

@@ -16,7 +16,9 @@ What it adds to torchrun (`python -m torch.distributed.run`, whose options it ta
 - SIGTERM (preemption): torchrun forwards it to every worker, which stops at the next step
   boundary, saves a checkpoint and exits; torchrun kills workers still running after
   TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (run_train.sh sets 300; torch's default is 30).
-  Exit code 128 + the signal's number, as for a process killed by it.
+  Exit code 128 + the signal's number, as for a process killed by it. Ctrl-C: torchrun forwards
+  it as SIGINT (the workers stop and save the same way) and a second one as SIGTERM, which ends
+  the workers at once (components/preemption.py); exit code 130.
 """
 
 import sys

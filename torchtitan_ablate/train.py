@@ -8,7 +8,6 @@ validation, profilers, preemption and the loop. Legend: B batch, S sequence, V v
 import gc
 import logging
 import os
-import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -25,8 +24,9 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 import torch  # noqa: E402
 
-from torchtitan_ablate.build import build_data, build_layout, build_run
+from torchtitan_ablate.build import build_data, build_layout, build_run, resolve_steps
 from torchtitan_ablate.components.checkpoint.dump_lock import claim
+from torchtitan_ablate.components.checkpoint.hf_export import save_last_in_hf
 from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
 from torchtitan_ablate.components.checkpoint.run_settings import run_settings
 from torchtitan_ablate.components.checkpoint.state import TrainState
@@ -36,13 +36,9 @@ from torchtitan_ablate.components.objective.finite import NonFiniteError
 from torchtitan_ablate.components.objective.validate import Validator
 from torchtitan_ablate.components.observability.comm_profile import CommProfiler
 from torchtitan_ablate.components.observability.expert_load import moe_step_metrics
-from torchtitan_ablate.components.observability.metrics import (
-    MetricsLogger,
-    attention_pairs,
-    median_noise,
-    steady_values,
-)
+from torchtitan_ablate.components.observability.metrics import MetricsLogger, attention_pairs
 from torchtitan_ablate.components.observability.profiling import TraceProfiler
+from torchtitan_ablate.components.observability.throughput_stop import throughput_measured
 from torchtitan_ablate.components.observability.trackers import check_trackers
 from torchtitan_ablate.components.preemption import Preemption
 from torchtitan_ablate.config import JobConfig, check_dump_folder, run_main, write_config
@@ -72,8 +68,28 @@ class Trainer:
         if config.training.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
 
+        # Metrics before the long build: a W&B login error shows at once. FLOPs per token, and
+        # for the work-done figure 6 * params (seq_len 0) and the attention FLOPs per (query,
+        # key) pair; DPO adds the reference model's forward.
+        factor = DPO_FLOPS_FACTOR if dpo_enabled(config) else 1.0
+
+        def flops(seq_len: int) -> float:
+            return factor * self.model_args.num_flops_per_token(seq_len)
+
+        self.metrics = MetricsLogger(
+            config.metrics,
+            config.job.dump_folder,
+            self.device,
+            flops(config.training.seq_len),
+            self.is_writer,
+            run_config=asdict(config),
+            dense_flops_per_token=flops(0),
+            attention_flops_per_pair=flops(1) - flops(0),
+        )
+
         # 1. Tokenizer and data (before the model: a data error shows before the long build).
         self.tokenizer, self.dataloader = build_data(config, layout, self.device)
+        config = self.config = resolve_steps(config, layout, self.tokenizer)  # training.epochs
         self.validator = None
         if config.validation.enable:
             self.validator = Validator(
@@ -86,7 +102,7 @@ class Trainer:
         self.optimizer, self.lr_scheduler = self.run.optimizer, self.run.lr_scheduler
         self.loss_fn = self.run.loss_fn
 
-        # 3. Checkpoint, metrics, profilers. tokens_seen rides in the checkpoint, so a resumed
+        # 3. Checkpoint and profilers. tokens_seen rides in the checkpoint, so a resumed
         # run's count is exact (metrics.jsonl may hold no row at the checkpoint's step).
         self.train_state = TrainState()
         self.checkpointer = CheckpointManager(
@@ -108,24 +124,6 @@ class Trainer:
             ),
             states={"train_state": self.train_state, **reference_states(self.run.reference)},
         )
-        # The conventional FLOPs per token, and its parts for the work-done figure: 6 * params
-        # per token (seq_len 0) and the attention FLOPs per (query, key) pair; DPO adds the
-        # reference model's forward.
-        factor = DPO_FLOPS_FACTOR if dpo_enabled(config) else 1.0
-
-        def flops(seq_len: int) -> float:
-            return factor * self.model_args.num_flops_per_token(seq_len)
-
-        self.metrics = MetricsLogger(
-            config.metrics,
-            config.job.dump_folder,
-            self.device,
-            flops(config.training.seq_len),
-            self.is_writer,
-            run_config=asdict(config),
-            dense_flops_per_token=flops(0),
-            attention_flops_per_pair=flops(1) - flops(0),
-        )
         self.step_pairs = 0
         self.comm_profiler = CommProfiler(
             config.metrics,
@@ -135,9 +133,8 @@ class Trainer:
             config.training.steps,
             warmup_steps=config.training.throughput_warmup_steps,
         )
-        rank = torch.distributed.get_rank()
         self.trace_profiler = TraceProfiler(
-            config.profiling, config.job.dump_folder, rank, self.device
+            config.profiling, config.job.dump_folder, torch.distributed.get_rank(), self.device
         )
         self.step = 0
         self.nonfinite_in_a_row = 0
@@ -147,8 +144,7 @@ class Trainer:
             logger.info(f"job: {config.job.description}")
         logger.info(
             f"model {config.model.flavor}: {n_params:,} parameters ({n_trainable:,} trainable); "
-            f"world {world_size} "
-            f"({pd}); grad accumulation {self.grad_accum}; device {self.device}"
+            f"world {world_size} ({pd}); grad accumulation {self.grad_accum}; device {self.device}"
         )
         if config.debug.moe_force_load_balance:
             logger.warning(
@@ -183,7 +179,7 @@ class Trainer:
             init_reference(self.model, self.run.reference)
         last = config.training.steps
         self.metrics.open(resumed_step=self.step, last_step=last)
-        self.preemption.install()  # SIGTERM: stop and save at the end of the step, or exit
+        self.preemption.install()  # SIGTERM, Ctrl-C: stop and save at the step's end, or exit
         gc.disable()
         data_iter = iter(self.dataloader)
         records = []
@@ -226,16 +222,19 @@ class Trainer:
             # log_freq: one scalar all-reduce and host read per step on several ranks, after
             # the optimizer step is queued (a second sync besides the non-finite check's). All
             # ranks stop (and save) at the same step, so rank 0's throughput verdict rides on it.
-            measured = log_now and self._throughput_measured(records)
+            measured = log_now and throughput_measured(records, config.training, self.is_writer)
             flags = [self.preemption.requested, measured and self.is_writer]
             sigterm, measured = dist_utils.any_rank(flags, self.device)
             self.preemption.step_ended()  # every rank knows whether to stop: the step is over
             stop = self.step == config.training.exit_at_step or sigterm or measured
             saved = self.checkpointer.save(self.step, force=self.step == last or stop)
+            ck = config.checkpoint
+            if saved and self.step == last and ck.last_save_in_hf and self.is_writer:
+                save_last_in_hf(self.checkpointer.step_dir(self.step), ck.export_dtype)
             if self.step == first:  # start-up is over: a stalled rank now fails the others sooner
                 dist_utils.set_timeout(config.comm.train_timeout_seconds)
             if stop and self.step < last:
-                why = "SIGTERM" if sigterm else "training.exit_at_step"
+                why = self.preemption.stop_reason() if sigterm else "training.exit_at_step"
                 if measured and not sigterm:
                     why = "tokens/s measured: training.throughput_noise_target"
                 what = "checkpoint saved" if saved else "checkpointing is off: nothing saved"
@@ -245,6 +244,9 @@ class Trainer:
         self.preemption.restore()
         self.comm_profiler.close()
         self.trace_profiler.close()
+        self.metrics.log_summary(
+            self.train_state.tokens_seen, self.checkpointer.folder, self._newest()
+        )
         self.metrics.close()
         if self.lock is not None:
             self.lock.release()
@@ -289,27 +291,9 @@ class Trainer:
         saved = self.checkpointer.complete_steps() if self.config.checkpoint.enable else []
         return f"step-{saved[-1]}" if saved else "none"
 
-    def _throughput_measured(self, records: list[dict]) -> bool:
-        """Whether the steady-state tokens/s median is known within
-        training.throughput_noise_target (components/metrics.median_noise)."""
-        t = self.config.training
-        if t.throughput_noise_target <= 0:
-            return False
-        tps = steady_values(records, t.throughput_warmup_steps)
-        noise = median_noise(tps)
-        if noise is None or noise > t.throughput_noise_target:
-            return False
-        if self.is_writer:
-            median = statistics.median(tps)
-            logger.info(
-                f"tokens/s median {median:,.0f} known within +-{100 * noise:.2f}% over "
-                f"{len(tps)} steady steps (training.throughput_noise_target = "
-                f"{t.throughput_noise_target})"
-            )
-        return True
-
     def _on_hang(self, step: int) -> str:
-        """Before a step that outlived the SIGTERM grace ends the process: frees the lock."""
+        """Before a step past the SIGTERM grace, or a second Ctrl-C, ends the process: frees
+        the lock."""
         if self.lock is not None:
             self.lock.release()
         return f" (newest checkpoint: {self._newest()})"
@@ -331,7 +315,9 @@ def main(config: JobConfig) -> list[dict]:
             return []
         trainer = Trainer(config)
         try:
-            return trainer.train()
+            records = trainer.train()
+            trainer.preemption.exit_if_interrupted()  # a Ctrl-C, once saved: exit code 130
+            return records
         finally:  # the SIGTERM timer of a step that raised does not outlive it
             trainer.preemption.restore()
     except NonFiniteError as e:

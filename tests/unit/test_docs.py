@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.doc_commands import comment_start
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted((ROOT / "docs").rglob("*.md"))
 PAGES = [ROOT / "README.md", *DOCS]
@@ -84,15 +86,9 @@ def hash_comments(source: str) -> list[tuple[int, str]]:
     """(line, text) of every `#` comment of a TOML or shell file (a `#` inside quotes is not)."""
     found = []
     for n, line in enumerate(source.splitlines(), 1):
-        quote = None
-        for i, c in enumerate(line):
-            if quote:
-                quote = None if c == quote else quote
-            elif c in "\"'":
-                quote = c
-            elif c == "#":
-                found.append((n, line[i:]))
-                break
+        start = comment_start(line, shell=False)
+        if start is not None:
+            found.append((n, line[start:]))
     return found
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from torchtitan_ablate.ablate.ablation_file import cli_arg
+from torchtitan_ablate.ablate.noise import noise_unknown
 
 # Layout values that the header states as run (after every override), in this order.
 AS_RUN = (("flavor", "model {}"), ("seq_len", "seq_len {}"), ("steps", "{} steps"),
@@ -28,7 +29,8 @@ def _memory(row: dict) -> tuple[str, str]:
 
 def _noise(r: dict) -> str:
     if r["tps_noise_pct"] is None:
-        return "n/a" + (" (budget hit)" if r["noise_note"] else "")
+        shown = "unknown" if noise_unknown(r) else "n/a"
+        return shown + (" (budget hit)" if r["noise_note"] else "")
     return f"+-{r['tps_noise_pct']:.1f}%" + (f" ({r['noise_note']})" if r["noise_note"] else "")
 
 
@@ -48,6 +50,7 @@ def results_table(rows: list[dict]) -> list[str]:
         head += " compute / exposed comm / idle % | all comm % | GPU util % |"
         sep += "---|---|---|"
     lines = [head, sep]
+    by_name = {r["variant"]: r for r in rows}
     for r in rows:
         measured, predicted = _memory(r)
         loss = _num(r["final_loss_mean"], ".4f")
@@ -59,13 +62,19 @@ def results_table(rows: list[dict]) -> list[str]:
         speedup = "n/a" if r["speedup"] is None else f"{r['speedup']:.2f}x"
         if r["speedup"] is not None and r["baseline"] != rows[0]["variant"]:
             speedup += f" vs {r['baseline']}"
+        base = by_name.get(r["baseline"], r)
+        if r["speedup"] is not None and r is not base and (noise_unknown(r) or noise_unknown(base)):
+            speedup += " (noise unknown)"
+        tps = _num(r["tps_median"], ",.0f")
+        if noise_unknown(r):
+            tps += f" ({noise_unknown(r)})"
         mfu = _num(r["mfu_pct"], ".1f")
         if r["mfu_doc_pct"] is not None:
             mfu += f" ({r['mfu_doc_pct']:.1f})"
         line = (
             f"| {r['variant']} | {r['runs_ok']}/{r['runs']} | {_num(r['ngpu'], 'd')} "
             f"| {_num(r['steps_run'], 'd')} "
-            f"| {_num(r['tps_median'], ',.0f')} | {_noise(r)} | {speedup} "
+            f"| {tps} | {_noise(r)} | {speedup} "
             f"| {_num(r['tps_processed_median'], ',.0f')} | {_num(r['tflops'], '.3g')} | {mfu} "
             f"| {measured} | {predicted} | {ratio} | {loss} | {_num(r['data_pct'], '.1f')} |"
         )
@@ -129,6 +138,27 @@ def header(plan: dict) -> str:
     return " ".join(lines)
 
 
+def _joined(values: list) -> str:
+    """The distinct values, a/b where they differ by variant; "?" when none is known."""
+    return "/".join(map(str, sorted({x for x in values if x is not None}))) or "?"
+
+
+def title(plan: dict, rows: list[dict]) -> str:
+    """The report's title: the study's name and what ran (model flavor, device, processes per
+    run, steps run), from the plan and the run folders, not from the recipe or description."""
+    layouts = [v["layout"] for v in plan["variants"] if not v.get("error") and v.get("layout")]
+    gpus = plan.get("environment", {}).get("gpus") or []
+    cpu = not gpus or {lay.get("device") for lay in layouts} == {"cpu"}
+    procs = _joined([r.get("ngpu") for v in plan["variants"] for r in v.get("runs", [])])
+    procs = str(plan.get("ngpu", "?")) if procs == "?" else procs
+    steps = _joined([r.get("steps_run") for r in rows])  # a noise target may stop runs early
+    steps = _joined([lay.get("steps") for lay in layouts]) if steps == "?" else steps
+    flavor = _joined([lay.get("flavor") for lay in layouts])
+    what = "process" if procs == "1" else "processes"
+    device = "CPU" if cpu else gpus[0]
+    return f"Ablation: {plan['spec']['name']} ({flavor}, {device}, {procs} {what}, {steps} steps)"
+
+
 def side_by_side_note(plan: dict) -> str:
     """How the runs shared the machine (" " + a sentence), or "" when they ran one at a time."""
     n = plan.get("side_by_side", 1)
@@ -146,9 +176,13 @@ def side_by_side_note(plan: dict) -> str:
 def render(plan: dict, rows: list[dict], plots: list[str], out: Path, noise: str) -> str:
     """report.md; noise: how the verdicts define noise (report.py says it once)."""
     spec = plan["spec"]
-    lines = [f"# Ablation: {spec['name']}", ""]
+    lines = [f"# {title(plan, rows)}", ""]
     if spec["description"]:
-        lines += [spec["description"], ""]
+        note = ""
+        if any(value for value, _ in by_call(plan, "sets")):  # --set may change what it says
+            note = " (the ablation file's description; `--set` changed the runs: the title says "
+            note += "what ran)"
+        lines += [spec["description"] + note, ""]
     lines += [
         f"{header(plan)} {plan['ngpu']} process(es) per run (GPUs column: a variant's own). "
         f"tokens/s = median over the logged steps after the first "

@@ -43,14 +43,17 @@ def predict_memory(config: JobConfig, ngpu: int) -> dict[str, Any]:
 
 
 def plan_layout(config: JobConfig, ngpu: int) -> dict[str, Any]:
-    """The checks the trainer makes before building anything: mesh, model, batch."""
-    from torchtitan_ablate.build import check_layout
+    """The checks the trainer makes before building anything: mesh, model, batch; and the steps
+    training.epochs comes to (the data counted as the trainer counts it)."""
+    from torchtitan_ablate.build import check_layout, resolve_steps
 
     layout = check_layout(config, ngpu)
+    config = resolve_steps(config, layout)
     pd, grad_accum = layout.parallel_dims, layout.grad_accum
     global_batch = layout.sequences_per_step
     return {
         "flavor": config.model.flavor,
+        "device": config.training.device,
         "ngpu": ngpu,
         "mesh": f"rep{pd.dp_replicate} shard{pd.dp_shard} cp{pd.cp} ep{pd.ep} tp{pd.tp}",
         "dp": pd.dp,

@@ -7,6 +7,8 @@ Each `*_figure` function returns the figure unsaved, so tests can read its legen
 
 from pathlib import Path
 
+from torchtitan_ablate.ablate.noise import noise_unknown
+
 
 def _pyplot():
     try:
@@ -92,16 +94,34 @@ def _bars(ax, names: list[str], values: list, offset: float, width: float, **kw)
             ax.text(x, 0, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
 
 
-def throughput_plot(plt, rows: list[dict], out: Path) -> str:
+def throughput_figure(plt, rows: list[dict]):
+    """Median tokens/s per variant with its noise as error bars; a median whose noise is unknown
+    (too few steps) is a hatched grey bar without error bar, labelled "n=K steps: noise
+    unknown", never a bar with a zero-width interval."""
+    from matplotlib.patches import Patch
+
     fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(rows) + 2), 4.5))
     names = [r["variant"] for r in rows]
-    tps = [r["tps_median"] for r in rows]
-    err = [(r["tps_noise_pct"] or 0) / 100 * (r["tps_median"] or 0) for r in rows]
-    _bars(ax, names, tps, 0, 0.6, yerr=err, capsize=4, color="C0")
+    for i, r in enumerate(rows):
+        unknown = noise_unknown(r)
+        if unknown:
+            ax.bar(i, r["tps_median"], 0.6, color="0.85", hatch="//", edgecolor="0.4")
+            ax.text(i, r["tps_median"], unknown.replace(": ", ":\n"), ha="center",
+                    va="bottom", fontsize=7)  # fmt: skip
+        else:
+            noise = (r["tps_noise_pct"] or 0) / 100 * (r["tps_median"] or 0)
+            _bars(ax, [r["variant"]], [r["tps_median"]], i, 0.6, yerr=noise, capsize=4, color="C0")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
-    ax.set(ylabel="tokens/s per GPU (median)", title="Throughput (bars: run-to-run noise)")
+    ax.set(ylabel="tokens/s per GPU (median)", title="Throughput (error bars: its noise)")
+    if any(noise_unknown(r) for r in rows):
+        hatched = Patch(facecolor="0.85", hatch="//", edgecolor="0.4", label="noise unknown")
+        ax.legend(handles=[hatched], fontsize=8, loc="lower right")
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, out, "throughput.png")
+    return fig
+
+
+def throughput_plot(plt, rows: list[dict], out: Path) -> str:
+    return _save(throughput_figure(plt, rows), out, "throughput.png")
 
 
 def memory_plot(plt, rows: list[dict], out: Path) -> str:
@@ -128,6 +148,8 @@ def tokens_vs_batch_plot(plt, rows: list[dict], out: Path) -> str:
         ax.plot(xs, [r["tps_median"] for r in members], marker="o", label=group)
         for r in members:
             note = f"gbs{r['global_batch_size']} ga{r['grad_accum']}"
+            if noise_unknown(r):
+                note += f" ({noise_unknown(r)})"
             ax.annotate(note, (r["tokens_per_step"], r["tps_median"]), fontsize=7)
     ax.set_xscale("log", base=2)
     ax.set(xlabel="tokens per optimizer step (global batch x seq_len)")

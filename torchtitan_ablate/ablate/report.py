@@ -8,7 +8,9 @@ and half the range of the per-seed medians relative to their median. "(budget hi
 ablation's noise_target was not reached within its steps. A speedup is called within noise
 when |speedup - 1| is at most the baseline's noise plus the variant's. A final-loss difference
 is within noise when it is at most the larger of the two variants' seed ranges (max - min of the
-final loss over seeds).
+final loss over seeds). A median from fewer steady steps (one seed) has no known noise: the
+table, the verdict and the plots mark it "n=K steps: noise unknown" (a hatched grey bar), and its
+speedup is not a measured one.
 """
 
 import csv
@@ -18,8 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from torchtitan_ablate.ablate.noise import noise_unknown
 from torchtitan_ablate.ablate.plan import read_plan, read_status
-from torchtitan_ablate.components.observability.metrics import median_noise
+from torchtitan_ablate.components.observability.metrics import MIN_NOISE_SAMPLES, median_noise
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,8 +31,8 @@ else:  # pragma: no cover
 
 COLUMNS = [
     "variant", "group", "status", "runs_ok", "runs", "ngpu", "steps_run", "tps_median",
-    "tps_noise_pct", "noise_note", "speedup", "baseline", "tps_processed_median", "tflops",
-    "mfu_pct",
+    "tps_steps", "tps_noise_pct", "noise_note", "speedup", "baseline", "tps_processed_median",
+    "tflops", "mfu_pct",
     "mfu_doc_pct", "memory_measured_gib", "memory_reserved_gib", "memory_predicted_gib",
     "fits_predicted", "memory_ratio", "memory_ratio_basis", "final_loss_mean",
     "final_loss_spread", "final_loss_std", "validation_loss_mean", "global_batch_size",
@@ -162,8 +165,8 @@ def summarize_variant(
         finals.append(records[-1]["loss"])
         validated = [r["validation_loss"] for r in records if "validation_loss" in r]
         held_out += validated[-1:]
-        # CPU runs log 0.0 GiB without a device percentage: memory not measured.
-        if any("memory_max_reserved_pct" in r for r in records):
+        # CPU runs log null memory (older versions 0.0 GiB without a percentage).
+        if any(r.get("memory_max_reserved_pct") is not None for r in records):
             active.append(max(r["memory_max_active_gib"] for r in records))
             reserved.append(max(r["memory_max_reserved_gib"] for r in records))
         profile = run_dir / "comm_profile.json"
@@ -179,8 +182,9 @@ def summarize_variant(
     for key, column in STEADY_KEYS.items():
         row[column] = _median_of(steady[key])
     row["tps_noise_pct"], row["noise_note"] = _noise(per_seed_tps, steady["tps"], noise_target)
+    row["tps_steps"] = len(steady["tps"])  # the steady steps the median is taken over
     row["steps_run"] = max(steps_run)
-    for key in ("mfu_pct", "mfu_doc_pct"):  # 0 when the device peak is unknown (CPU)
+    for key in ("mfu_pct", "mfu_doc_pct"):  # null (older versions 0) without a known peak
         row[key] = row[key] or None
     if row["data_pct"] is not None:
         row["data_pct"] *= 100
@@ -221,7 +225,15 @@ def compare(row: dict, base: dict) -> None:
     row["speedup"] = speedup
     change = f"{speedup:.2f}x tokens/s ({100 * (speedup - 1):+.1f}%"
     if row["tps_noise_pct"] is None or base["tps_noise_pct"] is None:
-        parts.append(f"{change}; noise unknown: fewer than 10 steady steps)")
+        counts = ", ".join(
+            f"{r['variant']} {noise_unknown(r).split(':')[0]}"
+            for r in (row, base)
+            if noise_unknown(r)
+        )
+        parts.append(
+            f"{change}; noise unknown: fewer than {MIN_NOISE_SAMPLES} steady steps ({counts}), "
+            "so not a measured speedup)"
+        )
     else:
         noise = (row["tps_noise_pct"] + base["tps_noise_pct"]) / 100
         within = "within" if abs(speedup - 1) <= noise else "beyond"

@@ -10,6 +10,11 @@ one line, releases the dump-folder lock and ends the process at once with EXIT_C
 the main thread may be stuck in C code that no exception reaches). Nothing is saved then: the
 state of a step cut in the middle is not a checkpoint. The save after a step that did end is not
 timed.
+
+Ctrl-C (SIGINT) is treated as a SIGTERM the first time, and the process then exits with
+EXIT_INTERRUPTED (what a shell expects of a Ctrl-C) once the step is saved; a second Ctrl-C (or a
+SIGTERM after it: torchrun's answer to a second Ctrl-C) ends it at once with one line and that
+code, without saving the step in flight.
 """
 
 import logging
@@ -26,41 +31,53 @@ from torchtitan_ablate.config.errors import report
 logger = logging.getLogger("torchtitan_ablate")
 
 EXIT_CODE = 143  # 128 + SIGTERM, what a process killed by SIGTERM returns
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: a Ctrl-C
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 KEY = "training.sigterm_grace_seconds"
 
 
 class Preemption:
-    """SIGTERM -> `requested`, and a bounded wait for the step in flight.
+    """SIGTERM or a first Ctrl-C -> `requested`, and a bounded wait for the step in flight.
 
     The trainer calls install() before its loop, step_started(step) / step_ended() around each
-    step (step_ended once every rank knows whether to stop) and restore() after it.
-    `on_expiry(step)` returns the clause naming what is kept (the newest checkpoint) and frees
-    what the process holds; `exit` ends the process (a seam for tests)."""
+    step (step_ended once every rank knows whether to stop), restore() after it and, once the
+    run is over, exit_if_interrupted(). `on_abort(step)` returns the clause naming what is kept
+    (the newest checkpoint) and frees what the process holds; `exit` ends the process (a seam
+    for tests)."""
 
     def __init__(
         self,
         grace_seconds: float,
-        on_expiry: Callable[[int], str] = lambda step: "",
+        on_abort: Callable[[int], str] = lambda step: "",
         exit: Callable[[int], None] = os._exit,
     ) -> None:
-        self.grace_seconds, self.on_expiry, self.exit = grace_seconds, on_expiry, exit
-        self.requested = False
+        self.grace_seconds, self.on_abort, self.exit = grace_seconds, on_abort, exit
+        self.requested, self.interrupted = False, False  # interrupted: by a Ctrl-C
         self.step, self.in_step = 0, False
         self._timer: threading.Timer | None = None
         # Re-entrant: the handler runs on the main thread, maybe inside step_ended's block.
         self._lock = threading.RLock()
-        self._previous: object = None
+        self._previous: dict[int, object] = {}
 
     def install(self) -> None:
-        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in _SIGNALS}
 
     def restore(self) -> None:
-        """Stops the timer and gives the process its own SIGTERM handling back (tests,
-        notebooks and processes that go on after train())."""
+        """Stops the timer and gives the process its own SIGTERM and SIGINT handling back
+        (tests, notebooks and processes that go on after train())."""
         self.step_ended()
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
+
+    def stop_reason(self) -> str:
+        """The signal that stopped the run, for its log line: Ctrl-C or SIGTERM."""
+        return "Ctrl-C" if self.interrupted else "SIGTERM"
+
+    def exit_if_interrupted(self) -> None:
+        """After a run that a Ctrl-C stopped (and saved): exit code 130, as a shell expects."""
+        if self.interrupted:
+            raise SystemExit(EXIT_INTERRUPTED)
 
     def step_started(self, step: int) -> None:
         self.step, self.in_step = step, True
@@ -74,11 +91,25 @@ class Preemption:
                 self._timer.cancel()
                 self._timer = None
 
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Under torchrun the workers get no Ctrl-C of their own: it forwards the first as SIGINT
+        # and answers a second with SIGTERM.
+        if (signum == signal.SIGINT and self.requested) or self.interrupted:
+            what = "a second Ctrl-C" if signum == signal.SIGINT else "SIGTERM after a Ctrl-C"
+            why = f"{what}: stopped at once, step {self.step} not saved"
+            self._end(self.step, why, EXIT_INTERRUPTED)
+            return
         grace = f"{self.grace_seconds:g} s" if self._bounded() else "no limit"
-        logger.warning(
-            f"SIGTERM: stopping at the end of this step, with every rank ({KEY} = {grace})"
-        )
+        if signum == signal.SIGINT:
+            self.interrupted = True
+            logger.warning(
+                "Ctrl-C: stopping at the end of this step and saving it when checkpointing is "
+                f"on, with every rank ({KEY} = {grace}); Ctrl-C again stops at once, unsaved"
+            )
+        else:
+            logger.warning(
+                f"SIGTERM: stopping at the end of this step, with every rank ({KEY} = {grace})"
+            )
         self.requested = True
         if self.in_step:
             self._arm()
@@ -98,14 +129,19 @@ class Preemption:
         with self._lock:
             if self._timer is not threading.current_thread():  # that step ended meanwhile
                 return
-            world = int(os.environ.get("WORLD_SIZE", 1))
-            rank = f"rank {os.environ.get('RANK', '?')}: " if world > 1 else ""
-            kept = self.on_expiry(step)
-            report(
-                f"error: {rank}step {step} did not end within {KEY} = {self.grace_seconds:g} s "
-                f"of SIGTERM (a hung data read, template or collective): stopped without saving "
-                f"it{kept}",
+            what = "Ctrl-C" if self.interrupted else "SIGTERM"
+            self._end(
+                step,
+                f"step {step} did not end within {KEY} = {self.grace_seconds:g} s of {what} (a "
+                "hung data read, template or collective): stopped without saving it",
                 EXIT_CODE,
             )
-            sys.stdout.flush()
-            self.exit(EXIT_CODE)
+
+    def _end(self, step: int, why: str, code: int) -> None:
+        """One line, what is kept freed and named, and the process ends with `code`."""
+        world = int(os.environ.get("WORLD_SIZE", 1))
+        rank = f"rank {os.environ.get('RANK', '?')}: " if world > 1 else ""
+        kept = self.on_abort(step)
+        report(f"error: {rank}{why}{kept}", code)
+        sys.stdout.flush()
+        self.exit(code)

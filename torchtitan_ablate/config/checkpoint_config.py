@@ -32,6 +32,15 @@ class Checkpoint:
     """Format of initial_load_path: dcp (model-only or full DCP checkpoint) or hf (Hugging Face
     Qwen3 / Qwen3-MoE safetensors, read shard by shard straight into the sharded model)."""
 
+    last_save_in_hf: bool = False
+    """Also write the checkpoint of the run's last step (training.steps) in Hugging Face format,
+    into <folder>/step-<N>/hf: config.json + model.safetensors, LoRA adapters merged, as
+    scripts/convert_checkpoint.py --to hf writes it (torchtitan's key; the DCP checkpoint is kept
+    for resuming). Rank 0 reads the whole model into CPU memory for it. Needs enable = true."""
+
+    export_dtype: Literal["float16", "bfloat16", "float32"] = "float32"
+    """dtype of the weights last_save_in_hf writes (torchtitan's key)."""
+
     create_seed_checkpoint: bool = False
     """Build the model in one process (NGPU=1, degrees 1; needs enable = true), write its initial
     weights to <folder>/step-0 and exit; every layout then starts from them through

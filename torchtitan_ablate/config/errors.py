@@ -2,6 +2,8 @@
 on the failure.
 
     config error: ...  a ConfigError: a bad key, value, file or data line (exit code 2)
+    error: interrupted (Ctrl-C) outside the training steps, e.g. during the model build (exit
+                       code 130; within them, components/preemption.py stops and saves)
     error: ...         a full disk or quota anywhere in the exception's chain, or any other
                        OSError on a path under job.dump_folder (permissions, a read-only file
                        system, an I/O error: exit code 2); a collective that timed out or lost
@@ -120,7 +122,9 @@ def one_line(e: BaseException, dump_folder: str | None = None) -> tuple[str, int
     dump_folder: the run's, None before the config is read."""
     if isinstance(e, ConfigError):
         return f"config error: {e}", 2
-    if isinstance(e, (SystemExit, KeyboardInterrupt)):
+    if isinstance(e, KeyboardInterrupt):  # in the training loop, Ctrl-C stops and saves instead
+        return "error: interrupted (Ctrl-C) outside the training steps: nothing saved", 130
+    if isinstance(e, SystemExit):
         return None
     chain = list(_chain(e))
     folder = dump_folder or "."

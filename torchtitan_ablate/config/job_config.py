@@ -133,7 +133,13 @@ class Training:
     """Tokens per sequence."""
 
     steps: int = 50
-    """Optimizer steps to train."""
+    """Optimizer steps to train (derived instead when epochs is set)."""
+
+    epochs: float | None = None
+    """Run length in passes over the data (HF's num_train_epochs): training.steps = ceil(epochs
+    x the data's size / what a step consumes), counted once at start-up (docs/from_hf.md says
+    what is counted). Text or chat/preference data only; set it or steps, not both in one
+    place (the command line overrides the recipe's)."""
 
     max_norm: float = 1.0
     """Gradient clipping by global L2 norm (0 = off)."""

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, TypeVar
 
+from torchtitan_ablate.config.derived import ALTERNATIVES, pick_alternatives, resolved_warmup_steps
 from torchtitan_ablate.config.errors import ConfigError, one_line, report
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.config.paths import PATH_KEYS, PATH_LIST_KEYS, resolve_toml_path, split_paths
@@ -181,7 +182,8 @@ def load_config(argv: list[str] | None = None) -> JobConfig:
     # The last --job.config_file wins, so `run_train.sh --job.config_file X` overrides the default.
     files = [v for s, k, v in cli if (s, k) == ("job", "config_file")]
     config_file = files[-1] if files else None
-    named = {f"{section}.{key}" for section, key, _ in cli}  # set by the recipe or the CLI
+    cli_keys = {f"{section}.{key}" for section, key, _ in cli}
+    recipe_keys: set[str] = set()
     if config_file is not None:
         if not os.path.isfile(config_file):
             raise ConfigError(
@@ -208,10 +210,11 @@ def load_config(argv: list[str] | None = None) -> JobConfig:
                             for v in value
                         ]
                 _set(config, section, key, value, config_file)
-                named.add(f"{section}.{key}")
+                recipe_keys.add(f"{section}.{key}")
     for section, key, value in cli:
         _set(config, section, key, value, "command line")
-    default_tokenizer(config, named)
+    pick_alternatives(config, recipe_keys, cli_keys)
+    default_tokenizer(config, recipe_keys | cli_keys)
     validate(config)
     return config
 
@@ -229,15 +232,28 @@ def toml_value(value: Any) -> str:
 
 
 def to_toml(config: JobConfig) -> str:
-    """The resolved config as TOML (None values are omitted: absent means None)."""
+    """The resolved config as TOML (None values are omitted: absent means None). A value
+    derived from its alternative (config/derived.py) is a comment, so that the file loads
+    again: `# steps = 120  (from training.epochs)`."""
+    derived = {plain: src for plain, src in ALTERNATIVES if _value(config, src) is not None}
+    warmup = resolved_warmup_steps(config.lr_scheduler, config.training.steps)
     lines = []
     for f in dataclasses.fields(config):
         lines.append(f"[{f.name}]")
         for k, v in dataclasses.asdict(getattr(config, f.name)).items():
-            if v is not None:
+            name = f"{f.name}.{k}"
+            if name in derived:
+                v = warmup if name == "lr_scheduler.warmup_steps" else v
+                lines.append(f"# {k} = {toml_value(v)}  (from {derived[name]})")
+            elif v is not None:
                 lines.append(f"{k} = {toml_value(v)}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _value(config: JobConfig, name: str) -> Any:
+    section, key = name.split(".")
+    return getattr(getattr(config, section), key)
 
 
 def write_config(config: JobConfig, path: str) -> None:

@@ -97,3 +97,10 @@ class MemoryEstimation:
 
     output: str | None = None
     """Also write the estimate as JSON to this file."""
+
+    fewest_gpus: bool = False
+    """Search the fewest GPUs of device_memory_gib that fit, and the fastest layout among them by
+    a stated rule (less recomputation first, then HSDP before FSDP; nodes of 8 GPUs): starts at
+    the fewest that the model state and the layout allow, traces world sizes 1, 2, 4, ... and
+    then layouts, and prints the table of what it tried (docs/memory_estimation.md). world_size
+    is not used; EP and CP degrees, batch, compile and float8 stay the config's."""

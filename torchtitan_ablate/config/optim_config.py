@@ -46,6 +46,11 @@ class LRScheduler:
     warmup_steps: int = 5
     """Linear warmup from ~0 to optimizer.lr over this many steps."""
 
+    warmup_ratio: float | None = None
+    """Warmup as a fraction of training.steps (HF's name): ceil(warmup_ratio x steps) steps,
+    from the final step count (the one training.epochs derives too). Set it or warmup_steps,
+    not both in one place (the command line overrides the recipe's)."""
+
     decay_ratio: float | None = None
     """Fraction of the steps spent decaying at the end (WSD); None = decay over all steps
     after warmup."""

@@ -15,9 +15,10 @@ from torchtitan_ablate.config.help import exit_if_help
 from torchtitan_ablate.config.loader import exit_on_config_error, load_config
 
 
-def check_before_torch(argv: list[str], prog: str) -> None:
-    """--help (exit 0), or a config error (one line, exit 2); returns when the config loads."""
-    exit_if_help(argv, prog)
+def check_before_torch(argv: list[str], prog: str, launcher: bool = True) -> None:
+    """--help (exit 0), or a config error (one line, exit 2); returns when the config loads.
+    launcher: the trainer's entry points (their help lists run_train.sh's environment)."""
+    exit_if_help(argv, prog, launcher)
     with exit_on_config_error():
         load_config(argv)
 

@@ -159,6 +159,8 @@ def _check_optimizer(o: Optimizer) -> None:
 
 def _check_lr_scheduler(s: LRScheduler) -> None:
     require(s.warmup_steps >= 0, f"lr_scheduler.warmup_steps = {s.warmup_steps}: must be >= 0")
+    r = s.warmup_ratio
+    require(r is None or 0.0 <= r <= 1.0, f"lr_scheduler.warmup_ratio = {r}: must be in [0, 1]")
     d = s.decay_ratio
     require(d is None or 0.0 <= d <= 1.0, f"lr_scheduler.decay_ratio = {d}: must be in [0, 1]")
     require(
@@ -189,6 +191,11 @@ def _check_profiling(p: Profiling) -> None:
 def _check_checkpoint(ck: Checkpoint) -> None:
     require(ck.interval >= 1, f"checkpoint.interval = {ck.interval}: must be >= 1")
     at_least("checkpoint.keep_latest_k", ck.keep_latest_k, 0, " (0 keeps every checkpoint)")
+    require(
+        ck.enable or not ck.last_save_in_hf,
+        "checkpoint.last_save_in_hf = true needs checkpoint.enable = true (the HF copy is made "
+        "from the last step's checkpoint)",
+    )
 
 
 def _check_seed_checkpoint(config: JobConfig) -> None:

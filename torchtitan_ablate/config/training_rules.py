@@ -26,8 +26,9 @@ def check_training(t: Training, checkpoint: Checkpoint) -> None:
         f"training.exit_at_step = {t.exit_at_step} needs checkpoint.enable = true (the run "
         "saves there and resumes later) and a step >= 1",
     )
+    _check_epochs(t)
     require(
-        t.exit_at_step <= t.steps,
+        t.epochs is not None or t.exit_at_step <= t.steps,  # with epochs: once they are counted
         f"training.exit_at_step = {t.exit_at_step} is after the last step (training.steps = "
         f"{t.steps}) and would never stop the run: use a step in 1..{t.steps}, or -1",
     )
@@ -69,6 +70,17 @@ def check_training(t: Training, checkpoint: Checkpoint) -> None:
         "(e.g. 0.02 for 2%; 0 = off)",
     )
     at_least("training.num_workers", t.num_workers, 0, " (0 = load data in the main process)")
+
+
+def _check_epochs(t: Training) -> None:
+    if t.epochs is None:
+        return
+    require(t.epochs > 0, f"training.epochs = {t.epochs}: must be > 0 (passes over the data)")
+    require(
+        t.dataset != "synthetic",
+        "training.epochs needs data with a size, and training.dataset = 'synthetic' never ends: "
+        "set training.steps instead",
+    )
 
 
 def _check_data_sources(t: Training) -> None:

@@ -19,7 +19,7 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
-from torchtitan_ablate.build import BuildOptions
+from torchtitan_ablate.build import BuildOptions, check_layout
 from torchtitan_ablate.config import ConfigError, JobConfig
 from torchtitan_ablate.distributed.fsdp import param_dtype
 from torchtitan_ablate.estimator import cuda_model, kernel_loss
@@ -28,6 +28,7 @@ from torchtitan_ablate.estimator.fake_env import fake_tensors, fake_world, resol
 from torchtitan_ablate.estimator.routing import forced_routing
 from torchtitan_ablate.estimator.tracked_step import tracked_step
 from torchtitan_ablate.estimator.tracker import CATEGORIES
+from torchtitan_ablate.estimator.world_sizes import with_smallest_world_size
 from torchtitan_ablate.models.common.attention import resolve_backend
 
 logger = logging.getLogger("torchtitan_ablate")
@@ -90,6 +91,10 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
         raise ValueError(f"target = {target!r}: one of {TARGETS}")
     start = time.perf_counter()
     world_size = resolve_world_size(config)
+    try:
+        check_layout(config, world_size)  # before the fake world, to name a valid world size
+    except ConfigError as e:
+        raise with_smallest_world_size(e, config, world_size) from None
     me = config.memory_estimation
     cfg, notes = prepare_config(config, target)
     cuda = target == "cuda"

@@ -1,4 +1,5 @@
-"""The estimate as a table, a verdict with the cheapest knobs that would fit, and JSON."""
+"""The estimate as a table, a verdict with the cheapest knobs that would fit (advice.py picks
+them), and JSON."""
 
 import json
 import os
@@ -34,6 +35,10 @@ def required_gib(est: dict) -> float:
     return est["peak_gib"] + est["context_gib"]
 
 
+FEWEST_HINT = (
+    "--memory_estimation.fewest_gpus true finds the fewest GPUs that fit and the fastest "
+    "layout there in one command"
+)
 # Reserved over active peak memory that PyTorch's caching allocator needs (expandable
 # segments, as the trainer sets): dense steps reuse blocks of the same sizes every step; MoE
 # steps allocate buffers whose sizes follow the routing, so freed blocks fit the next request
@@ -45,6 +50,17 @@ ALLOCATOR_FACTOR = {False: 1.03, True: 1.15}
 MAX_RESERVED_SHARE = 0.92
 
 
+def reserved_gib(est: dict) -> float:
+    """The memory the caching allocator reserves for the step (ALLOCATOR_FACTOR)."""
+    return required_gib(est) * ALLOCATOR_FACTOR[bool(est.get("moe"))]
+
+
+def leaves_room(est: dict, device_gib: float) -> bool:
+    """The step's reserved memory stays under MAX_RESERVED_SHARE of the card: no allocator
+    retries inside steps."""
+    return reserved_gib(est) <= MAX_RESERVED_SHARE * device_gib
+
+
 def verdict(est: dict, device_gib: float) -> tuple[bool, str]:
     """(fits, one line). Fits means the predicted peak fits; the line also warns when it leaves
     less room than the allocator needs, where the run still starts but runs slower."""
@@ -53,8 +69,8 @@ def verdict(est: dict, device_gib: float) -> tuple[bool, str]:
         return False, f"does not fit in {device_gib:g} GiB (needs {need:.1f} GiB)"
     headroom = 100 * (1 - need / device_gib)
     line = f"fits in {device_gib:g} GiB with {headroom:.0f}% headroom"
-    reserved = need * ALLOCATOR_FACTOR[bool(est.get("moe"))]
-    if reserved > MAX_RESERVED_SHARE * device_gib:
+    reserved = reserved_gib(est)
+    if not leaves_room(est, device_gib):
         kind = "an MoE step" if est.get("moe") else "a step"
         line += (
             f", but the allocator needs about {reserved:.0f} GiB reserved for {kind} "
@@ -135,34 +151,30 @@ def format_report(est: dict, device_gib: float, fits: bool, line: str, tried: li
     rows += [f"note: {n}" for n in est["notes"]]
     if fits:
         rows.append(f"verdict: {line}")
-    elif tried:
+    else:
         tries = "; ".join(
             f"{desc} -> {gib:.2f} GiB" if gib is not None else desc for desc, gib in tried
         )
-        rows.append(f"verdict: {line}: try {tries}")
-    else:
-        rows.append(
-            f"verdict: {line}; no single change tried lowers it (activation checkpointing, "
-            "smaller micro-batches, more GPUs): weights, optimizer states and the CUDA context "
-            "remain"
-        )
+        rows.append(f"verdict: {line}" + (f": try {tries}" if tries else "") + f"; {FEWEST_HINT}")
     return "\n".join(rows)
 
 
-def write_json(path: str, est: dict, device_gib: float, fits: bool, tried: list) -> None:
-    doc = {
-        "world_size": est["world_size"],
-        "device_memory_gib": device_gib,
-        "peak_gib": required_gib(est),
-        "fits": fits,
-        "by_category": {**est["by_category"], "cuda_context_nccl": est["context_gib"]},
-        "ranks": est["ranks"],
-        "allocated_peak_gib": est["peak_gib"],
-        "top_modules": est["top_modules"],
-        "notes": est["notes"],
-        "program": est["program"],
-        "suggestions": [{"change": d, "peak_gib": g} for d, g in tried],
-    }
+def write_json(path: str, est: dict | None, device_gib: float, extra: dict) -> None:
+    """The estimate (none: a search that found no layout) and `extra` (fits, suggestions, the
+    search's table) as JSON."""
+    doc: dict = {"device_memory_gib": device_gib}
+    if est is not None:
+        doc.update(
+            world_size=est["world_size"],
+            peak_gib=required_gib(est),
+            by_category={**est["by_category"], "cuda_context_nccl": est["context_gib"]},
+            ranks=est["ranks"],
+            allocated_peak_gib=est["peak_gib"],
+            top_modules=est["top_modules"],
+            notes=est["notes"],
+            program=est["program"],
+        )
+    doc.update(extra)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)

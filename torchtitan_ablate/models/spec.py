@@ -13,8 +13,9 @@ The contract a family meets, beyond the fields below:
   MoE hooks the train step calls (`set_moe_aux_loss_scale`, `moe_aux_loss`; for MoE also
   `expert_load`, `reset_expert_load`, `update_expert_bias`).
 - Its `parallelize(model, parallel_dims, job_config, device_type, compile_backend)` applies the
-  techniques in place (through distributed/ and components/) and returns FSDP's
-  AccumulationPlan, or None without FSDP. Tensor parallel is applied only by families that
+  techniques in place (through distributed/ and components/) and returns this rank's model
+  parts (the model itself, or its pipeline stages) and FSDP's AccumulationPlan (None without
+  FSDP). Tensor parallel is applied only by families that
   declare `tp_split`; build.py refuses tensor_parallel_degree > 1 for the others.
 """
 

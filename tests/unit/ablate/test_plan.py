@@ -44,3 +44,28 @@ def test_estimator_bug_is_not_hidden(monkeypatch):
     monkeypatch.setattr(torchtitan_ablate.estimator, "estimate", broken)
     with pytest.raises(KeyError):
         predict_memory(config(80.0), 1)
+
+
+def test_epochs_are_counted_into_steps_for_the_plan(tmp_path):
+    """A variant in epochs shows (and the runner's progress uses) the steps the trainer will
+    derive: the data counted the same way, at the variant's global batch; one that also sets
+    training.steps on the command line (the ablation file's steps) is invalid, in one line."""
+    from torchtitan_ablate.ablate.ablation_file import load_spec
+    from torchtitan_ablate.ablate.plan import make_plan
+
+    study = tmp_path / "study.toml"
+    study.write_text(
+        '[ablation]\nconfig_file = "train_configs/debug_model.toml"\n'
+        "[variants.small]\ntraining.epochs = 0.01\ntraining.seq_len = 64\n"
+        "training.local_batch_size = 4\n"
+        "[variants.big]\ntraining.epochs = 0.01\ntraining.seq_len = 64\n"
+        "training.local_batch_size = 1\n"
+    )
+    made = make_plan(load_spec(study), str(study), None, [], [], estimate=False)
+    # The debug corpus holds 43,232 tokens: ceil(432.32) = 433 of them.
+    steps = {v["name"]: v["layout"]["steps"] for v in made["variants"]}
+    assert steps == {"small": 2, "big": 7}  # ceil(433 / 256), ceil(433 / 64)
+    clash = make_plan(load_spec(study), str(study), None, ["training.steps=3"], [], False)
+    assert all(
+        "sets both training.steps and training.epochs" in v["error"] for v in clash["variants"]
+    )

@@ -5,50 +5,11 @@ import json
 
 import pytest
 
+from tests.helpers.report_runs import make_run, plan, variant
+from torchtitan_ablate.ablate.noise import noise_unknown
 from torchtitan_ablate.ablate.plan import PLAN_FILE
 from torchtitan_ablate.ablate.report import build_rows, write_report
 from torchtitan_ablate.ablate.runner import error_line
-
-ENV = {"git_commit": "abc", "git_dirty": False, "python": "3", "torch": "2", "cuda": None}
-ENV |= {"platform": "p", "cpu": "c", "cpu_count": 2, "gpus": []}
-
-
-def make_run(
-    out, variant, seed, tps, losses, status="ok", error=None, validation=None, packing=None
-):
-    run_dir = out / "runs" / variant / f"seed{seed}"
-    run_dir.mkdir(parents=True)
-    if packing:  # the trainer's config.toml, as far as the report reads it
-        (run_dir / "config.toml").write_text(f'[training]\npacking = "{packing}"\n')
-    records = [
-        {"step": i + 1, "loss": loss, "tps": t, "tflops": 1.0, "mfu": 0.0,
-         "memory_max_active_gib": 0.0, "memory_max_reserved_gib": 0.0}
-        for i, (t, loss) in enumerate(zip(tps, losses))
-    ]  # fmt: skip
-    for step, value in (validation or {}).items():
-        records[step - 1]["validation_loss"] = value
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    status_doc = {"status": status, "returncode": 0 if status == "ok" else 1, "command": "x"}
-    if error:
-        status_doc["error"] = error
-    (run_dir / "status.json").write_text(json.dumps(status_doc))
-    return {"seed": seed, "dir": f"runs/{variant}/seed{seed}", "args": [], "command": "cmd"}
-
-
-def plan(out, variants, sets=(), overrides=None, description=""):
-    spec = {"name": "t", "description": description, "config_file": "c.toml",
-            "throughput_warmup_steps": 1, "overrides": overrides or {}, "steps": None}  # fmt: skip
-    doc = {"spec": spec, "command": ["ablate"], "ngpu": 1, "variants": variants, "environment": ENV}
-    doc["sets"] = list(sets)
-    (out / PLAN_FILE).write_text(json.dumps(doc))
-
-
-def variant(name, runs, predicted=None, error=None, **layout_values):
-    layout = {"global_batch_size": 4, "grad_accum": 1, "tokens_per_step": 256, "steps": 4}
-    layout |= {"flavor": "0.6B", "seq_len": 64, **layout_values}
-    memory = {"predicted_peak_gib": predicted, "fits": None if predicted is None else True}
-    return {"name": name, "group": name, "error": error, "layout": layout, "runs": runs,
-            "memory": {**memory, "note": ""}}  # fmt: skip
 
 
 def test_rows_noise_and_verdicts(tmp_path):
@@ -321,3 +282,41 @@ def test_plans_without_baselines_compare_with_the_first(tmp_path):
     plan(tmp_path, [variant(n, r) for n, r in runs.items()])  # no "baseline" keys: older plans
     _, rows = build_rows(tmp_path)
     assert rows[1]["speedup"] == 0.5 and rows[1]["baseline"] == "a"
+
+
+def test_a_short_run_is_marked_noise_unknown_and_the_title_says_what_ran(tmp_path):
+    # Two logged steps, the first warm-up: each median is one step's figure, noise unknown.
+    a = [make_run(tmp_path, "a", 1, [1, 100], [3.0, 2.0])]
+    b = [make_run(tmp_path, "b", 1, [1, 128], [3.0, 2.0])]
+    plan(tmp_path, [variant(n, r, flavor="debugmodel", steps=2) for n, r in (("a", a), ("b", b))],
+         sets=["model.flavor=debugmodel"], description="Qwen3-1.7B, 4 GPUs")  # fmt: skip
+    rows = write_report(tmp_path)
+    assert [r["tps_steps"] for r in rows] == [1, 1]
+    assert noise_unknown(rows[1]) == "n=1 step: noise unknown"
+    assert rows[1]["verdict"].startswith(
+        "b vs a: 1.28x tokens/s (+28.0%; noise unknown: fewer than 10 steady steps (b n=1 step, "
+        "a n=1 step), so not a measured speedup)"
+    )
+    md = (tmp_path / "report.md").read_text()
+    assert md.startswith("# Ablation: t (debugmodel, CPU, 1 process, 2 steps)\n")
+    assert "Qwen3-1.7B, 4 GPUs (the ablation file's description; `--set` changed" in md
+    assert "| 128 (n=1 step: noise unknown) | unknown | 1.28x (noise unknown) |" in md
+    assert "| 100 (n=1 step: noise unknown) | unknown | 1.00x |" in md
+
+
+def test_the_throughput_plot_hatches_a_median_of_unknown_noise(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from torchtitan_ablate.ablate.plots import throughput_figure
+
+    known = {"variant": "a", "tps_median": 100.0, "tps_noise_pct": 5.0, "tps_steps": 20}
+    short = {"variant": "b", "tps_median": 128.0, "tps_noise_pct": None, "tps_steps": 1}
+    fig = throughput_figure(plt, [known, short])
+    (ax,) = fig.axes
+    assert [p.get_hatch() for p in ax.patches] == [None, "//"]
+    assert [t.get_text() for t in ax.texts] == ["n=1 step:\nnoise unknown"]
+    # One error bar, a's: none of zero width drawn for b.
+    assert [type(c).__name__ for c in ax.containers].count("ErrorbarContainer") == 1
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["noise unknown"]
+    plt.close(fig)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from torchtitan_ablate.components.preemption import EXIT_CODE, Preemption
+from torchtitan_ablate.components.preemption import EXIT_CODE, EXIT_INTERRUPTED, Preemption
 
 
 class _Exits:
@@ -29,7 +29,7 @@ def preemption():
 
     def make(grace: float) -> tuple[Preemption, _Exits]:
         exits = _Exits()
-        p = Preemption(grace, on_expiry=lambda step: " (newest checkpoint: step-1)", exit=exits)
+        p = Preemption(grace, on_abort=lambda step: " (newest checkpoint: step-1)", exit=exits)
         p.install()
         made.append(p)
         return p, exits
@@ -95,3 +95,45 @@ def test_restore_gives_the_previous_handler_back():
         assert seen == [signal.SIGTERM]
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_first_ctrl_c_stops_at_the_step_end_and_a_second_at_once(preemption, capsys):
+    p, exits = preemption(0)
+    p.step_started(3)
+    os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt: the trainer finishes the step
+    assert p.requested and p.interrupted and p.stop_reason() == "Ctrl-C"
+    assert not exits.done.wait(0.3)
+    os.kill(os.getpid(), signal.SIGINT)
+    assert exits.done.wait(5) and exits.codes == [EXIT_INTERRUPTED] == [130]
+    assert capsys.readouterr().err.splitlines() == [
+        "error: a second Ctrl-C: stopped at once, step 3 not saved (newest checkpoint: step-1)"
+    ]
+    with pytest.raises(SystemExit) as e:
+        p.exit_if_interrupted()  # the run a first Ctrl-C stopped, once saved
+    assert e.value.code == 130
+
+
+def test_a_sigterm_run_exits_as_before():
+    before = signal.getsignal(signal.SIGINT)  # pytest's, or an earlier in-process trainer's
+    p = Preemption(0)
+    p.install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert p.requested and not p.interrupted and p.stop_reason() == "SIGTERM"
+        p.exit_if_interrupted()  # no exit: the trainer returns, exit code 0
+    finally:
+        p.restore()
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_sigterm_after_a_ctrl_c_stops_at_once(preemption, capsys):
+    # torchrun forwards a first Ctrl-C as SIGINT and answers a second with SIGTERM.
+    p, exits = preemption(0)
+    p.step_started(4)
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert exits.done.wait(5) and exits.codes == [130]
+    assert capsys.readouterr().err.splitlines() == [
+        "error: SIGTERM after a Ctrl-C: stopped at once, step 4 not saved (newest checkpoint: "
+        "step-1)"
+    ]

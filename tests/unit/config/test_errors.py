@@ -51,6 +51,13 @@ def test_other_failures_keep_their_traceback(e):
     assert one_line(e) is None
 
 
+def test_a_ctrl_c_outside_the_training_steps_is_one_line_and_exit_130():
+    line, code = one_line(KeyboardInterrupt())
+    assert code == 130 and line == (
+        "error: interrupted (Ctrl-C) outside the training steps: nothing saved"
+    )
+
+
 def test_config_errors_and_the_error_file_the_launcher_reads(tmp_path, monkeypatch, capsys):
     line, code = one_line(ConfigError("training.steps = 0: must be >= 1"))
     assert (line, code) == ("config error: training.steps = 0: must be >= 1", 2)

@@ -1,6 +1,7 @@
 """convert_checkpoint.py --to hf --peft: a LoRA fine-tune's adapters in PEFT's layout. Applied to
 the HF base weights as PEFT does (W + (alpha / r) * B @ A) they give the merged export, and
-peft.PeftModel (when installed) gives its logits; expert adapters are refused in one line."""
+peft.PeftModel (when installed) gives its logits; expert adapters are refused in one line. The
+trainer's checkpoint.last_save_in_hf writes the same merged export."""
 
 import json
 import sys
@@ -41,6 +42,7 @@ def lora_run(tmp_path_factory) -> tuple[Path, Path]:
         "--checkpoint.initial_load_path", str(tmp / "hf"),
         "--checkpoint.initial_load_format", "hf",
         "--checkpoint.enable", "true", "--checkpoint.interval", "3",
+        "--checkpoint.last_save_in_hf", "true",
         "--training.dataset", "chat", "--training.dataset_path",
         str(ROOT / "assets/sft/debug_chat.jsonl"),
         "--training.seq_len", "64", "--training.local_batch_size", "2", "--training.steps", "3",
@@ -59,6 +61,15 @@ def exported(lora_run, tmp_path_factory) -> tuple[Path, Path]:
     convert_checkpoint.main(["--to", "hf", str(lora_run[1]), str(out / "merged"),
                              "--peft", str(out / "peft")])  # fmt: skip
     return out / "merged", out / "peft"
+
+
+def test_the_trainers_last_save_in_hf_is_the_merged_export(lora_run, exported):
+    # checkpoint.last_save_in_hf wrote step-3/hf with the same export: adapters merged.
+    merged, hf = exported[0], lora_run[1] / "hf"
+    names = sorted(p.name for p in merged.iterdir())
+    assert names == sorted(p.name for p in hf.iterdir()) and "model.safetensors" in names
+    assert all((hf / n).read_bytes() == (merged / n).read_bytes() for n in names)
+    assert not any("lora" in k for k in load_file(hf / "model.safetensors"))
 
 
 def test_peft_keys_shapes_and_config(lora_run, exported):

@@ -54,3 +54,11 @@ def test_usage(capsys):
     with pytest.raises(SystemExit) as e:
         summarize_runs.main(["--help"])
     assert e.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+def test_null_mfu_and_memory_read_n_a(tmp_path, capsys):
+    """A CPU run's metrics.jsonl holds null MFU and memory (the console's n/a): n/a here too."""
+    row = ROW | {"mfu": None, "memory_max_active_gib": None, "memory_max_reserved_gib": None}
+    text = "".join(json.dumps({"step": s, **row}) + "\n" for s in (1, 2))
+    assert summarize_runs.main([_run(tmp_path / "cpu", text)]) == 0
+    assert "| cpu | 2 | 5.000 -> 5.000 | 100 | 1.0 | n/a | n/a / n/a |" in capsys.readouterr().out

@@ -130,7 +130,7 @@ class CheckpointManager:
         """Saves at `step` when enabled and (`step % interval == 0` or `force`); True if saved."""
         if not self.enable or (step % self.interval != 0 and not force):
             return False
-        final = self._step_dir(step)
+        final = self.step_dir(step)
         tmp = f"{final}.tmp"
         count, names = self._nonfinite()
         if count:
@@ -167,7 +167,7 @@ class CheckpointManager:
             if step >= 0 or steps:
                 explicit = step >= 0
                 step = step if explicit else steps[-1]
-                path = self._step_dir(step)
+                path = self.step_dir(step)
                 if not os.path.isdir(path):
                     raise ConfigError(
                         f"checkpoint.load_step = {step}: {path} does not exist; complete steps "
@@ -220,7 +220,7 @@ class CheckpointManager:
         """Steps in `folder` whose save finished (a `step-<N>` directory holding `.metadata`)."""
         return ckpt_dir.complete_steps(self.folder)
 
-    def _step_dir(self, step: int) -> str:
+    def step_dir(self, step: int) -> str:
         return ckpt_dir.step_dir(self.folder, step)
 
     def _set_aside_newer(self, step: int) -> None:

@@ -163,7 +163,8 @@ def read_record(path: str) -> Any:
     """The settings record (run_settings.py) of the checkpoint at `path`, read alone (every
     rank calls it when a process group is up); Damaged or Mismatch when it cannot be read."""
     record = Record(None)
-    dcp_load({"settings": Pickled(record)}, path)
+    # Without collectives: rank 0's export at the last step reads it while the others wait.
+    dcp_load({"settings": Pickled(record)}, path, alone=True)
     return record.loaded
 
 
@@ -203,13 +204,14 @@ def dcp_save(state: dict[str, Any], path: str) -> None:
         dcp.save(state, checkpoint_id=path, no_dist=not dist.is_initialized())
 
 
-def dcp_load(state: dict[str, Any], path: str) -> None:
-    """dcp.load from `path` in place; any failure is raised as Damaged or Mismatch."""
+def dcp_load(state: dict[str, Any], path: str, alone: bool = False) -> None:
+    """dcp.load from `path` in place (alone: this process only, no collective); any failure
+    is raised as Damaged or Mismatch."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         reader = SafeReader(path)
         try:
-            dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
+            dcp.load(state, storage_reader=reader, no_dist=alone or not dist.is_initialized())
         # DCP gathers every rank's failure into a CheckpointException, a BaseException, raised
         # on every rank alike.
         except (Exception, dcp.CheckpointException) as e:

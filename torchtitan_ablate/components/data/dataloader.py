@@ -136,7 +136,9 @@ def _leave_sigterm_to_the_trainer(worker_id: int) -> None:
     """A loader worker ends on its training process's SIGTERM only. torchrun and batch
     schedulers send SIGTERM to every process of the job, and a worker killed by it would fail
     the step before the checkpoint that the trainer saves on that signal; the training process's
-    own SIGTERM (how multiprocessing ends daemon workers at exit) still ends the worker."""
+    own SIGTERM (how multiprocessing ends daemon workers at exit) still ends the worker. A Ctrl-C
+    reaches every process of the terminal's foreground group: the trainer alone handles it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started later inherit it
     threading.Thread(target=_exit_on_parents_sigterm, args=(os.getppid(),), daemon=True).start()
 

@@ -187,6 +187,18 @@ class TextDocuments:
                 logger.warning(self._repeat_message(tokens if fresh_epoch else None))
             self.epoch, self.file_idx, self.doc_idx = self.epoch + 1, 0, 0
 
+    def one_pass(self) -> Iterator[tuple[int, Any]]:
+        """(document index, item) of each usable document of one pass over the files, every
+        shard's, from the start: what training.epochs counts (epochs.py). The reading
+        position is neither used nor moved."""
+        index = 0
+        for path in self.files:
+            for raw, first_line, _, _ in self._raw_docs(path, start=(0, 0)):
+                item = self._to_item(path, raw, first_line)
+                if item is not None:
+                    yield index, item
+                index += 1
+
     def _repeat_message(self, tokens: int | None) -> str:
         where = f"{self.files[0]}{' ...' if len(self.files) > 1 else ''}"
         reader, docs = "the data", f"{self.doc_idx:,}"
@@ -211,17 +223,20 @@ class TextDocuments:
             "documents; give more data or use fewer ranks / loader workers"
         )
 
-    def _raw_docs(self, path: Path) -> Iterator[tuple[bytes | str, int, int, int]]:
-        """Yield (raw doc, first line, last line read, byte offset after it) from self.offset;
-        for parquet, "line" and "offset" both count rows (a null row is an empty document)."""
-        if path.suffix == PARQUET:
-            start = self.offset  # the caller moves self.offset on as rows are consumed
-            for n, text in enumerate(parquet_rows(path, self.text_field, start), start + 1):
+    def _raw_docs(
+        self, path: Path, start: tuple[int, int] | None = None
+    ) -> Iterator[tuple[bytes | str, int, int, int]]:
+        """Yield (raw doc, first line, last line read, byte offset after it) from `start`
+        (byte offset, line number; default self.offset and self.line_no); for parquet, "line"
+        and "offset" both count rows (a null row is an empty document)."""
+        offset, line_no = start or (self.offset, self.line_no)
+        if path.suffix == PARQUET:  # the caller moves self.offset on as rows are consumed
+            for n, text in enumerate(parquet_rows(path, self.text_field, offset), offset + 1):
                 yield text or "", n, n, n
             return
         with _open(path) as fh:
-            fh.seek(self.offset)
-            offset, line_no, para, first = self.offset, self.line_no, [], 0
+            fh.seek(offset)
+            para, first = [], 0
             is_txt = path.suffix == ".txt"
             for line in fh:
                 offset, line_no = offset + len(line), line_no + 1

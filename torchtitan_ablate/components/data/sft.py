@@ -222,20 +222,26 @@ class SFTDataset(IterableDataset):
             )
         self.source, self.seq_len, self.packing, self.pad_id = source, seq_len, packing, pad_id
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
+        self.max_open = {"padding": 0, "greedy": 1, "best_fit": BEST_FIT_OPEN_ROWS}[packing]
         self.open_rows: list[list[Conversation]] = []  # conversations read but not yet emitted
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         shard_for_this_worker(self.source, self.dp_rank, self.dp_world_size)
-        max_open = {"padding": 0, "greedy": 1, "best_fit": BEST_FIT_OPEN_ROWS}[self.packing]
         for conv in self.source:
-            # State is updated before every yield: the emitted row is gone, `conv` is held.
-            row = self._place(conv, max_open)
-            if row is not None:
+            for row in self.add(conv):
                 yield self._emit(row)
-            full = [r for r in self.open_rows if self._room(r) == 0]
-            for r in full:
-                self.open_rows.remove(r)
-                yield self._emit(r)
+
+    def add(self, conv: Conversation) -> Iterator[list[Conversation]]:
+        """Places `conv` (a conversation; a preference pair) and yields the rows that closed,
+        in order (epochs.py counts them). State is updated before every yield: the yielded row
+        is gone, `conv` is held."""
+        row = self._place(conv, self.max_open)
+        if row is not None:
+            yield row
+        full = [r for r in self.open_rows if self._room(r) == 0]
+        for r in full:
+            self.open_rows.remove(r)
+            yield r
 
     def _emit(self, row: list[Conversation]) -> dict[str, torch.Tensor]:
         """The row's tensors (preference.py's subclass lays out pairs)."""

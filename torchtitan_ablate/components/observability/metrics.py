@@ -34,6 +34,8 @@ from torchtitan_ablate.config.job_config import Metrics as MetricsConfig
 
 logger = logging.getLogger("torchtitan_ablate")
 
+MEMORY_KEYS = ("memory_max_active_gib", "memory_max_reserved_gib", "memory_max_reserved_pct")
+
 # Recent step times the ETA takes the median of: long enough to ignore a checkpoint save.
 ETA_WINDOW = 20
 
@@ -42,8 +44,8 @@ PEAK_TFLOPS = [("H200", 989.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0
 
 
 def device_peak_tflops(device: torch.device, override: float = -1.0) -> float | None:
-    """The device's bf16 peak, or None when unknown (CPU): MFU is then 0 in metrics.jsonl
-    (a number for the scripts that average it) and n/a on the console."""
+    """The device's bf16 peak, or None when unknown (CPU): MFU is then null in metrics.jsonl
+    and n/a on the console."""
     if override > 0:
         return override
     if device.type != "cuda":
@@ -93,7 +95,8 @@ def steady_values(records: list[dict], warmup: int, key: str = "tps") -> list[fl
 
 
 class DeviceMemoryMonitor:
-    """Peak active/reserved memory since the last reset, in GiB and % of the device."""
+    """Peak active/reserved memory since the last reset, in GiB and % of the device; None
+    (null in metrics.jsonl, n/a on the console) where the device keeps no statistics (CPU)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -102,9 +105,9 @@ class DeviceMemoryMonitor:
             self.capacity_gib = torch.cuda.get_device_properties(device).total_memory / 2**30
             torch.cuda.reset_peak_memory_stats(device)
 
-    def read_and_reset(self) -> dict[str, float]:
+    def read_and_reset(self) -> dict[str, float | None]:
         if self.device.type != "cuda":
-            return {"memory_max_active_gib": 0.0, "memory_max_reserved_gib": 0.0}
+            return dict.fromkeys(MEMORY_KEYS)
         stats = torch.cuda.memory_stats(self.device)
         active = stats.get("active_bytes.all.peak", 0) / 2**30
         reserved = stats.get("reserved_bytes.all.peak", 0) / 2**30
@@ -144,12 +147,13 @@ class MetricsLogger:
         self.peak_tflops = device_peak_tflops(device, config.peak_tflops)
         self.memory = DeviceMemoryMonitor(device)
         self.is_writer = is_writer
+        self.dump_folder = dump_folder
         self.path = os.path.join(dump_folder, "metrics.jsonl")
         self.jsonl = None
         self.tb = None
         self.wandb = None
-        self.dump_folder, self.run_config = dump_folder, run_config or {}
         self.step_times: deque[float] = deque(maxlen=ETA_WINDOW)
+        self.last_record: dict[str, Any] | None = None
         self.last_step = 0
         self.launch_start = self.step_end = time.perf_counter()  # open() sets them again
         if is_writer:
@@ -158,6 +162,8 @@ class MetricsLogger:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.tb = SummaryWriter(os.path.join(dump_folder, config.save_tb_folder))
+            if config.enable_wandb:  # here, not in open(): a login error shows before the model
+                self.wandb = WandbTracker(config, dump_folder, run_config or {})
         self._reset_window()
 
     def open(self, resumed_step: int, last_step: int = 0) -> None:
@@ -185,8 +191,6 @@ class MetricsLogger:
                 old = move_aside(self.path)
                 logger.warning(f"{self.path} of an earlier run moved to {old}: a new run")
         self.jsonl = open(self.path, "a")
-        if self.config.enable_wandb:
-            self.wandb = WandbTracker(self.config, self.dump_folder, self.run_config)
 
     def _reset_window(self) -> None:
         self.window_start = time.perf_counter()
@@ -247,12 +251,28 @@ class MetricsLogger:
         if self.window_profiled:
             record["profiled"] = True
         self._reset_window()
+        self.last_record = record
         if self.is_writer:
             self._write(record)
         return record
 
-    def _mfu(self, tflops: float) -> float:
-        return 100.0 * tflops / self.peak_tflops if self.peak_tflops else 0.0
+    def log_summary(self, tokens_seen: int, checkpoint_folder: str, newest: str) -> None:
+        """The run's last console line (rank 0): the last logged loss, tokens trained (the
+        loss's count, over all ranks and launches), wall time since the first step and where
+        the outputs are. newest: the newest checkpoint's folder name, or "none"."""
+        if not self.is_writer:
+            return
+        r = self.last_record
+        loss = f"final loss {r['loss']:.4f} (step {r['step']})" if r else "no step trained"
+        checkpoint = os.path.join(checkpoint_folder, newest) if newest != "none" else "none"
+        logger.info(
+            f"run ended: {loss}, {tokens_seen:,} tokens trained, wall time "
+            f"{_hms(time.perf_counter() - self.launch_start)}; outputs in {self.dump_folder}: "
+            f"metrics {self.path}, last checkpoint {checkpoint}"
+        )
+
+    def _mfu(self, tflops: float) -> float | None:
+        return 100.0 * tflops / self.peak_tflops if self.peak_tflops else None
 
     def _write(self, r: dict[str, Any]) -> None:
         logger.info(self._console_line(r))
@@ -271,7 +291,7 @@ class MetricsLogger:
         """step k/N, the values, then elapsed time and ETA; n/a where the device has no
         memory statistics or known peak (CPU) rather than a misleading 0."""
         mem = "mem n/a"
-        if "memory_max_reserved_pct" in r:  # only CUDA reports it
+        if r["memory_max_reserved_pct"] is not None:  # only CUDA reports it
             mem = f"mem {r['memory_max_active_gib']:.2f}/{r['memory_max_reserved_gib']:.2f}GiB"
             mem += f" ({r['memory_max_reserved_pct']:.0f}%)"
         mfu = "mfu n/a"

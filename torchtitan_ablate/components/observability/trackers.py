@@ -1,9 +1,10 @@
 """Weights & Biases, an optional extra (`pip install wandb`): the same fields as metrics.jsonl,
 the resolved config, and the ablation runner's grouping (metrics.wandb_group). Rank 0 only.
 
-The package is imported when the run opens its metrics, not at module import: a run without
-metrics.enable_wandb never pays for it, and check_trackers has already named `pip install wandb`
-at start-up when it is missing.
+The package is imported when the trainer builds its metrics (before the model), not at module
+import: a run without metrics.enable_wandb never pays for it, and check_trackers has already named
+`pip install wandb` at start-up when it is missing. A W&B run that cannot start (no `wandb login`,
+a rejected key, no network) is one config error line, before the long model build.
 """
 
 import importlib.util
@@ -33,15 +34,24 @@ class WandbTracker:
         import wandb
 
         name = config.wandb_run_name or os.path.basename(os.path.normpath(dump_folder))
-        self.run = wandb.init(
-            project=config.wandb_project,
-            name=name,
-            group=config.wandb_group or None,
-            tags=list(config.wandb_tags) or None,
-            mode=config.wandb_mode,
-            dir=dump_folder,  # the run's files (offline: wandb/offline-run-*) stay with its outputs
-            config=run_config,
-        )
+        try:
+            self.run = wandb.init(
+                project=config.wandb_project,
+                name=name,
+                group=config.wandb_group or None,
+                tags=list(config.wandb_tags) or None,
+                mode=config.wandb_mode,
+                dir=dump_folder,  # the run's files (offline: wandb/offline-run-*) stay with it
+                config=run_config,
+            )
+        except _wandb_errors(wandb) as e:
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise ConfigError(
+                f"metrics.enable_wandb = true, but W&B could not start a run ({type(e).__name__}: "
+                f"{first}): run `wandb login` or set WANDB_API_KEY, or log offline with "
+                "metrics.wandb_mode = offline (upload later with `wandb sync`), or set "
+                "metrics.enable_wandb = false"
+            ) from None
 
     def log(self, record: dict[str, Any]) -> None:
         """The record's numbers at its step (lists such as per-layer expert load are left out,
@@ -55,3 +65,11 @@ class WandbTracker:
 
     def close(self) -> None:
         self.run.finish()
+
+
+def _wandb_errors(wandb: Any) -> tuple[type[BaseException], ...]:
+    """What wandb.init raises for a missing or rejected login or an unreachable server:
+    UsageError ("api_key not configured (no-tty)"), CommError and its AuthenticationError; all
+    derive from wandb.errors.Error."""
+    base = getattr(getattr(wandb, "errors", None), "Error", None)
+    return (base,) if isinstance(base, type) else ()

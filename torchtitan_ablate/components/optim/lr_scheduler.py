@@ -11,6 +11,7 @@ import math
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from torchtitan_ablate.config.derived import resolved_warmup_steps
 from torchtitan_ablate.config.optim_config import LRScheduler as LRSchedulerConfig
 
 logger = logging.getLogger("torchtitan_ablate")
@@ -18,7 +19,7 @@ logger = logging.getLogger("torchtitan_ablate")
 
 def lr_factor(step: int, total_steps: int, config: LRSchedulerConfig) -> float:
     """Multiplier of the peak LR for 1-based optimizer `step` (LambdaLR passes step - 1)."""
-    warmup = min(config.warmup_steps, total_steps)
+    warmup = min(resolved_warmup_steps(config, total_steps), total_steps)
     if step <= warmup:
         # Starts above zero so the first step already moves the weights.
         return step / (warmup + 1)
@@ -43,7 +44,9 @@ def lr_factor(step: int, total_steps: int, config: LRSchedulerConfig) -> float:
 def build_lr_scheduler(
     optimizer: torch.optim.Optimizer, config: LRSchedulerConfig, total_steps: int
 ) -> LambdaLR:
-    if config.warmup_steps > total_steps:
+    """LambdaLR over total_steps (training.steps, final: derived from training.epochs where
+    set); the warmup is lr_scheduler.warmup_steps or ceil(warmup_ratio x total_steps)."""
+    if config.warmup_steps > total_steps and config.warmup_ratio is None:
         # As torchtitan, the warmup is squeezed into the run; said out loud, because a short run
         # then peaks at its last step and is not the first steps of the longer recipe.
         logger.warning(

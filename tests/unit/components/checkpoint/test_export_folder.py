@@ -29,12 +29,13 @@ KILLED_MID_EXPORT = """
 import os, signal, sys
 sys.path.insert(0, "scripts")
 import convert_checkpoint
+from torchtitan_ablate.components.checkpoint import hf_export
 
 def half_written(state, args, out_dir, **kwargs):
     (out_dir / "model.safetensors").write_bytes(b"x" * 4096)
     os.kill(os.getpid(), signal.SIGKILL)
 
-convert_checkpoint.save_hf_checkpoint = half_written
+hf_export.save_hf_checkpoint = half_written
 convert_checkpoint.main(sys.argv[1:])
 """
 

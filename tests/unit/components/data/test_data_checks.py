@@ -65,7 +65,7 @@ def test_a_shards_warning_names_the_shard(tmp_path, caplog) -> None:
     )
 
 
-def test_loader_workers_outlive_a_sigterm_that_is_not_their_trainers(tmp_path: Path) -> None:
+def test_loader_workers_outlive_a_sigterm_not_their_trainers_and_a_ctrl_c(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [f"document {i}" for i in range(50)])
     dl = loader(path, num_workers=1)
     it = iter(dl)
@@ -73,6 +73,8 @@ def test_loader_workers_outlive_a_sigterm_that_is_not_their_trainers(tmp_path: P
     worker = it._workers[0]  # torch's own list of this iterator's worker processes
     # Another process's SIGTERM (torchrun's or a scheduler's, sent to the whole job): ignored.
     subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)
+    # A terminal's Ctrl-C reaches every process of its foreground group: the trainer's alone.
+    subprocess.run(["kill", "-INT", str(worker.pid)], check=True)
     time.sleep(0.5)
     assert worker.is_alive()
     for _ in range(5):

@@ -42,7 +42,39 @@ def test_eta_from_the_median_step_time_and_cpu_na(tmp_path, monkeypatch, caplog)
     assert line.endswith("elapsed 0:00:13  eta 0:00:06")  # 6 steps left at 1 s each
     row = json.loads((tmp_path / "metrics.jsonl").read_text())
     assert row["tokens_seen"] == 512 and isinstance(row["time"], float) and row == record
-    assert row["mfu"] == 0.0  # a number in the file: the scripts that average it read it
+    # Where the console says n/a, the file says null (not a 0 that reads as a measurement).
+    assert row["mfu"] is None and row["mfu_doc"] is None
+    na = ("memory_max_active_gib", "memory_max_reserved_gib", "memory_max_reserved_pct")
+    assert all(k in row and row[k] is None for k in na)
+    assert all(row[k] is not None for k in row if k not in (*na, "mfu", "mfu_doc"))
+
+
+def test_summary_line_names_loss_tokens_time_and_outputs(tmp_path, monkeypatch, caplog):
+    now = [0.0]
+    monkeypatch.setattr(metrics_mod.time, "perf_counter", lambda: now[0])
+    m = _logger(tmp_path)
+    m.open(resumed_step=0, last_step=2)
+    with caplog.at_level(logging.INFO, logger="torchtitan_ablate"):
+        m.log_summary(0, "ck", "none")  # a resumed run with nothing left to train
+        for step, now[0] in ((1, 1.0), (2, 65.0)):
+            m.add_tokens(256, 0.0, 256, 0)
+            m.log(step, dict(VALUES, loss=3.0 - step))
+        m.log_summary(1234567, str(tmp_path / "checkpoint"), "step-2")
+    first, last = caplog.records[0].getMessage(), caplog.records[-1].getMessage()
+    assert (
+        first.startswith("run ended: no step trained, 0 tokens trained")
+        and "checkpoint none" in first
+    )
+    assert last == (
+        f"run ended: final loss 1.0000 (step 2), 1,234,567 tokens trained, wall time 0:01:05; "
+        f"outputs in {tmp_path}: metrics {tmp_path / 'metrics.jsonl'}, last checkpoint "
+        f"{tmp_path / 'checkpoint' / 'step-2'}"
+    )
+    quiet = MetricsLogger(Metrics(), str(tmp_path / "r1"), torch.device("cpu"), 1e6, False)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="torchtitan_ablate"):
+        quiet.log_summary(5, "ck", "none")  # not rank 0
+    assert not caplog.records
 
 
 def test_known_peak_prints_mfu(tmp_path, caplog):

@@ -44,3 +44,18 @@ def test_past_the_last_step_the_lr_stays_at_its_floor(decay_type):
     """A run extended on resume steps past the old last step: never a negative LR."""
     cfg = LRScheduler(warmup_steps=5, decay_type=decay_type, min_lr_factor=0.1)
     assert [lr_factor(s, 8, cfg) for s in (8, 9, 20)] == pytest.approx([0.1] * 3)
+
+
+def test_warmup_ratio_is_a_share_of_the_final_steps(caplog):
+    """warmup_ratio 0.25 of 20 steps warms up over 5, as warmup_steps 5 does; of 40, over 10.
+    warmup_steps is then unused, so its default beyond a short run says nothing."""
+    ratio = LRScheduler(warmup_steps=100, warmup_ratio=0.25, decay_type="cosine")
+    for steps, warmup in ((20, 5), (40, 10)):
+        fixed = LRScheduler(warmup_steps=warmup, decay_type="cosine")
+        assert [lr_factor(s, steps, ratio) for s in range(1, steps + 1)] == [
+            lr_factor(s, steps, fixed) for s in range(1, steps + 1)
+        ]
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    with caplog.at_level(logging.WARNING, logger="torchtitan_ablate"):
+        build_lr_scheduler(opt, ratio, total_steps=20)
+    assert "warmup shortened" not in caplog.text

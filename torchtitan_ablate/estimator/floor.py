@@ -1,0 +1,101 @@
+"""The model-state floor: parameters, gradients and optimizer states per GPU, with no trace.
+
+Whatever the batch, activation checkpointing or compile, rank 0 holds at the optimizer step its
+shard of every parameter, of every trainable parameter's gradient and of Adam's two moments.
+`model_state(config)` lists the parameters of the model built on the meta device (LoRA applied,
+DPO's reference copy added), `state_floor(params, pd)` what one rank holds of them:
+
+- storage dtype: the parameters' own (float32: FSDP's MixedPrecisionPolicy casts to bf16 only
+  for compute); gradients and Adam's moments take the parameter's dtype;
+- frozen parameters (LoRA's base, DPO's reference) have no gradient and no moments;
+- FSDP / HSDP shard dim 0 over dp_shard * cp ranks (padded to a multiple of it) and replicate
+  over dp_replicate; EP splits the routed experts' dim 0 over ep and FSDP shards the rest over
+  efsdp = dp_shard * cp / ep;
+- each tensor is rounded up to the caching allocator's 512-byte blocks.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from torchtitan_ablate.config import JobConfig
+from torchtitan_ablate.config.dpo_config import dpo_enabled
+from torchtitan_ablate.distributed.parallel_dims import ParallelDims
+from torchtitan_ablate.estimator.cuda_model import ROUND_BYTES
+from torchtitan_ablate.layout import build_model_args
+from torchtitan_ablate.models.common.experts import GroupedExperts
+from torchtitan_ablate.models.common.lora import apply_lora
+from torchtitan_ablate.models.registry import get_spec
+
+GIB = 1024**3
+ADAM_MOMENTS = 2  # exp_avg and exp_avg_sq, in the parameter's dtype (AdamW and Adam alike)
+
+
+@dataclass(frozen=True)
+class ParamShape:
+    rows: int
+    """dim 0, the one FSDP shards and EP splits."""
+    row_bytes: int
+    trainable: bool
+    expert: bool
+    """A routed experts' tensor: EP splits its rows."""
+
+
+@dataclass(frozen=True)
+class StateFloor:
+    world_size: int
+    parameters_gib: float
+    gradients_gib: float
+    optimizer_gib: float
+
+    @property
+    def total_gib(self) -> float:
+        return self.parameters_gib + self.gradients_gib + self.optimizer_gib
+
+    def describe(self) -> str:
+        return (
+            f"{self.total_gib:.2f} GiB per GPU at world size {self.world_size} (parameters "
+            f"{self.parameters_gib:.2f}, gradients {self.gradients_gib:.2f}, optimizer states "
+            f"{self.optimizer_gib:.2f})"
+        )
+
+
+def model_state(config: JobConfig) -> list[ParamShape]:
+    """Every parameter the run holds, from the model built on the meta device."""
+    args = build_model_args(config)
+    with torch.device("meta"):
+        model = get_spec(config.model.name).model_cls(args)
+    lora = config.lora
+    if lora.enable:
+        apply_lora(model, lora.rank, lora.alpha, lora.dropout, lora.target_modules)
+    params, seen = [], set()
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            if id(p) in seen:  # tied embedding and output: one tensor
+                continue
+            seen.add(id(p))
+            rows = p.shape[0] if p.dim() else 1
+            row_bytes = p.numel() // max(rows, 1) * p.element_size()
+            expert = isinstance(module, GroupedExperts)
+            params.append(ParamShape(rows, row_bytes, p.requires_grad, expert))
+    if dpo_enabled(config) and not lora.enable:  # the frozen reference copy, sharded alike
+        params += [ParamShape(p.rows, p.row_bytes, False, p.expert) for p in params]
+    return params
+
+
+def state_floor(params: list[ParamShape], pd: ParallelDims) -> StateFloor:
+    """What rank 0 holds of `params` in the layout `pd`."""
+    shard = pd.dp_shard * pd.cp
+    weights = grads = steps = 0
+    for p in params:
+        if p.expert and pd.ep > 1:
+            rows = math.ceil(p.rows // pd.ep / pd.efsdp)
+        else:
+            rows = math.ceil(p.rows / shard)
+        nbytes = math.ceil(rows * p.row_bytes / ROUND_BYTES) * ROUND_BYTES
+        weights += nbytes
+        grads += nbytes if p.trainable else 0
+        steps += ROUND_BYTES if p.trainable else 0  # Adam's step count, one scalar per tensor
+    optimizer = ADAM_MOMENTS * grads + steps
+    return StateFloor(pd.world_size, weights / GIB, grads / GIB, optimizer / GIB)
