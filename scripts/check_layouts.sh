@@ -13,11 +13,14 @@ count of --worlds, all on the same global batches (training.data_sharding = "row
 the one-GPU run's (scripts/compare_runs.py). Exit 1 if a run failed or left --rtol.
 
 Layouts at each world size W: FSDP W, FSDP W in ZeRO-2 mode (reshard never), replicate W,
-CP 2 x FSDP W/2, FSDP W with full activation checkpointing, MoE with EP W; at W = 4 also
-HSDP 2x2 and HSDP 2x2 x EP 2.
+CP 2 x FSDP W/2, FSDP W with full activation checkpointing, TP 2 x FSDP W/2, MoE with EP W; at
+W = 4 also HSDP 2x2 and HSDP 2x2 x EP 2. Pipeline parallel needs untied embeddings and no
+compile: PP 2 (1F1B) and PP 2 x FSDP W/2 (GPipe at W = 4) train the 8B flavor cut to
+--dense-layers blocks, against a one-GPU run of that model without compile (not with --cpu:
+the debug flavors tie their embeddings).
 
 Writes OUT/<run>/ (metrics.jsonl, config.toml), OUT/<run>.log, and the verdict tables
-OUT/compare_dense.md and OUT/compare_moe.md.
+OUT/compare_dense.md, OUT/compare_moe.md and OUT/compare_pp.md.
 
 options:
   --worlds "2 4"       GPU counts to check (default "2 4"; each needs that many GPUs)
@@ -31,6 +34,8 @@ options:
   --moe-experts N      ... with N experts (default 16)
   --rtol X             largest relative loss difference accepted (default 0.02: bf16 on GPUs)
   --timeout S          seconds per run (default 300)
+  --only REGEX         run only the runs whose name matches (grep -E), e.g. 'dense_ref|tp2|pp';
+                       a group is compared when its reference (dense_ref, moe_ref, pp_ref) ran
   --cpu                gloo processes instead of GPUs: debugmodel / debugmodel_moe, 2 blocks,
                        8 experts, seq 128, 5 steps, global batch 4 (options after it still
                        apply); about 5 minutes on 2 cores
@@ -40,11 +45,11 @@ USAGE
 
 worlds="2 4" steps=50 gbs=8 seq=2048 rtol=0.02 limit=300
 dense_flavor=0.6B dense_layers=8 moe_flavor=30B-A3B moe_layers=4 moe_experts=16
-out=""
+out="" only="" cpu=0
 while [ $# -gt 0 ]; do
   case $1 in
     -h | --help) usage; exit 0 ;;
-    --worlds | --steps | --global-batch | --seq | --dense-* | --moe-* | --rtol | --timeout)
+    --worlds | --steps | --global-batch | --seq | --dense-* | --moe-* | --rtol | --timeout | --only)
       [ $# -ge 2 ] || { echo "check_layouts.sh: $1 needs a value (see --help)" >&2; exit 2; }
       ;;&
     --worlds) worlds=$2; shift ;;
@@ -58,9 +63,10 @@ while [ $# -gt 0 ]; do
     --moe-experts) moe_experts=$2; shift ;;
     --rtol) rtol=$2; shift ;;
     --timeout) limit=$2; shift ;;
+    --only) only=$2; shift ;;
     --cpu)
       dense_flavor=debugmodel moe_flavor=debugmodel_moe dense_layers=2 moe_layers=2
-      moe_experts=8 seq=128 steps=5 gbs=4
+      moe_experts=8 seq=128 steps=5 gbs=4 cpu=1
       ;;
     -*) echo "check_layouts.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *)
@@ -85,17 +91,27 @@ moe=(--job.config_file train_configs/qwen3_moe_1gpu.toml --model.flavor "$moe_fl
 common=(--training.steps "$steps" --training.global_batch_size "$gbs"
         --training.local_batch_size 1 --training.data_sharding rows --metrics.log_freq 1
         --lr_scheduler.warmup_steps 5 --checkpoint.enable false --training.loss_chunk_size 0)
+# PP refuses tied embeddings (0.6B ties them) and compile: its runs train the untied 8B shapes.
+untied=(--job.config_file train_configs/qwen3_0.6b.toml --model.flavor 8B
+        --model.n_layers "$dense_layers" --training.seq_len "$seq" --compile.enable false)
 P=--parallelism
-dense_runs=() moe_runs=()
+dense_runs=() moe_runs=() pp_runs=()
 
 train() {  # train NAME NGPU dense|moe [--section.key value ...]
   local name=$1 ngpu=$2 model=$3
   shift 3
   local -a model_args
-  if [ "$model" = dense ]; then model_args=("${dense[@]}"); else model_args=("${moe[@]}"); fi
+  case $model in
+    dense) model_args=("${dense[@]}") ;;
+    untied) model_args=("${untied[@]}") ;;
+    *) model_args=("${moe[@]}") ;;
+  esac
+  if [ -n "$only" ] && ! grep -qE "$only" <<<"$name"; then return; fi
+  if [ "$model" = untied ] && [ "$cpu" = 1 ]; then return; fi
   case $name in
     *_ref) ;;
     dense_*) dense_runs+=("$out/$name") ;;
+    pp*) pp_runs+=("$out/$name") ;;
     *) moe_runs+=("$out/$name") ;;
   esac
   echo "$name: $ngpu process(es)"
@@ -106,6 +122,7 @@ train() {  # train NAME NGPU dense|moe [--section.key value ...]
 
 train dense_ref 1 dense
 train moe_ref 1 moe
+train pp_ref 1 untied
 for w in $worlds; do
   train "dense_fsdp$w" "$w" dense
   train "dense_fsdp${w}_never" "$w" dense $P.fsdp_reshard_after_forward never
@@ -113,7 +130,15 @@ for w in $worlds; do
     $P.data_parallel_shard_degree 1
   train "dense_cp2_w$w" "$w" dense $P.context_parallel_degree 2
   train "dense_fsdp${w}_ac_full" "$w" dense --activation_checkpoint.mode full
+  train "dense_tp2_w$w" "$w" dense $P.tensor_parallel_degree 2
   train "moe_ep$w" "$w" moe $P.expert_parallel_degree "$w"
+  # Local batch 4 in micro-batches of 1: the schedule has 4 (or 8) micro-batches to overlap.
+  pp=($P.pipeline_parallel_degree 2 --training.local_batch_size 4)
+  if [ "$w" = 2 ]; then
+    train pp2 2 untied "${pp[@]}"
+  else
+    train "pp2_fsdp$((w / 2))_gpipe" "$w" untied "${pp[@]}" $P.pipeline_parallel_schedule GPipe
+  fi
   if [ "$w" = 4 ]; then
     train dense_hsdp2x2 4 dense $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2
     train moe_hsdp2x2_ep2 4 moe $P.data_parallel_replicate_degree 2 \
@@ -122,10 +147,15 @@ for w in $worlds; do
 done
 
 rc=0
-"$PYTHON" scripts/compare_runs.py "$out/dense_ref" "${dense_runs[@]}" --rtol "$rtol" \
-  | tee "$out/compare_dense.md"
-[ "${PIPESTATUS[0]}" = 0 ] || rc=1
-"$PYTHON" scripts/compare_runs.py "$out/moe_ref" "${moe_runs[@]}" --rtol "$rtol" \
-  | tee "$out/compare_moe.md"
-[ "${PIPESTATUS[0]}" = 0 ] || rc=1
+compare() {  # compare GROUP RUN...: each run's loss curve against OUT/GROUP_ref's
+  local group=$1
+  shift
+  [ -d "$out/${group}_ref" ] && [ $# -gt 0 ] || return 0
+  "$PYTHON" scripts/compare_runs.py "$out/${group}_ref" "$@" --rtol "$rtol" \
+    | tee "$out/compare_$group.md"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+}
+compare dense "${dense_runs[@]}"
+compare moe "${moe_runs[@]}"
+compare pp "${pp_runs[@]}"
 exit $rc

@@ -5,7 +5,8 @@
     config = resolve_steps(config, layout, tokenizer)         # training.epochs -> steps
     run = build_run(config, layout, device)                   # model, optimizer, schedule, loss
 
-`check_layout` alone makes every check that needs no process group (the ablation dry run).
+`check_layout` (layout.py) alone makes every check that needs no process group (the ablation
+dry run).
 The model family is model.name's (models/registry.py): its sizes, model class and parallelize
 recipe. The model is built on the meta device, parallelized by that recipe, materialized on the
 device and initialized; `step.train_step(run, batches)` is the step every caller times, tracks
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from torchtitan_ablate.components.compile import INDUCTOR, CompileBackend
@@ -40,9 +42,12 @@ from torchtitan_ablate.config.derived import compiles, resolved_loss_impl
 from torchtitan_ablate.config.dpo_config import dpo_enabled
 from torchtitan_ablate.distributed.fsdp import AccumulationPlan
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
+from torchtitan_ablate.distributed.pipeline_parallel import Pipeline, build_pipeline
+from torchtitan_ablate.layout import Layout, check_layout
 from torchtitan_ablate.models.common import attention
 from torchtitan_ablate.models.common.init import ParamInit
 from torchtitan_ablate.models.common.lora import adapters_off, init_lora_weights
+from torchtitan_ablate.models.common.output_head import LossHead
 from torchtitan_ablate.models.registry import get_spec
 
 logger = logging.getLogger("torchtitan_ablate")
@@ -72,18 +77,6 @@ TRAINING_BUILD = BuildOptions()  # the trainer's (and bench's, seed checkpoint's
 
 
 @dataclass
-class Layout:
-    """What a run is before anything is built: degrees, model sizes, micro-batches per step."""
-
-    parallel_dims: ParallelDims
-    model_args: Any
-    """The sizes, in the model family's args class."""
-    grad_accum: int
-    sequences_per_step: int
-    """Sequences per optimizer step over all ranks (the global batch)."""
-
-
-@dataclass
 class Run:
     """A built run: everything `step.train_step` needs."""
 
@@ -91,6 +84,8 @@ class Run:
     model_args: Any
     grad_accum: int
     model: nn.Module
+    """The model, or with pipeline parallel this rank's first stage (model_parts holds all)."""
+    model_parts: list[nn.Module]
     optimizer: torch.optim.Optimizer
     lr_scheduler: torch.optim.lr_scheduler.LRScheduler
     loss_fn: LossFn
@@ -102,58 +97,14 @@ class Run:
     valid tokens; for DPO, preference pairs."""
     reference: nn.Module | None = None
     """DPO's frozen reference copy (None otherwise, and with LoRA: adapters switched off)."""
+    pipeline: Pipeline | None = None
+    """The schedule over this rank's stages with pipeline parallel (None otherwise)."""
 
-
-def build_parallel_dims(config: JobConfig, world_size: int) -> ParallelDims:
-    p = config.parallelism
-    try:
-        return ParallelDims(
-            dp_replicate=p.data_parallel_replicate_degree,
-            dp_shard=p.data_parallel_shard_degree,
-            cp=p.context_parallel_degree,
-            ep=p.expert_parallel_degree,
-            world_size=world_size,
-        )
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
-def num_microbatches(config: JobConfig, dp: int) -> int:
-    t = config.training
-    per_micro = t.local_batch_size * dp
-    if t.global_batch_size == -1:
-        return 1
-    if t.global_batch_size % per_micro:
-        raise ConfigError(
-            f"training.global_batch_size = {t.global_batch_size} must be a multiple of "
-            f"local_batch_size * data-parallel degree = {t.local_batch_size} * {dp}"
-        )
-    return t.global_batch_size // per_micro
-
-
-def build_model_args(config: JobConfig) -> Any:
-    """The model's sizes, in its family's args class (no world size needed)."""
-    m = config.model
-    return get_spec(m.name).build_args(
-        m,
-        config.training.seq_len,
-        config.checkpoint.initial_load_path,
-        config.debug.moe_force_load_balance,
-    )
-
-
-def check_layout(config: JobConfig, world_size: int) -> Layout:
-    """Every check made before anything is built (shared by the trainer, the estimator and the
-    ablation dry run): degrees vs world size, model vs degrees, batch vs data parallel."""
-    pd = build_parallel_dims(config, world_size)
-    model_args = build_model_args(config)
-    try:
-        pd.check_model(model_args.num_experts, config.training.seq_len)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    grad_accum = num_microbatches(config, pd.dp)
-    sequences = config.training.local_batch_size * pd.dp * grad_accum
-    return Layout(pd, model_args, grad_accum, sequences)
+    def num_params(self) -> tuple[int, int]:
+        """Parameters and trainable parameters of this rank's model parts (the whole model's
+        under FSDP and TP, whose DTensors count whole; with PP its stages')."""
+        params = [p for part in self.model_parts for p in part.parameters()]
+        return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
 
 
 def build_layout(config: JobConfig, world_size: int, device_type: str) -> Layout:
@@ -228,9 +179,10 @@ def build_model(
     model_args: Any,
     device: torch.device,
     options: BuildOptions = TRAINING_BUILD,
-) -> tuple[nn.Module, AccumulationPlan | None]:
+) -> tuple[list[nn.Module], AccumulationPlan | None]:
     """The one model-building path: meta build, parallelize (the family's recipe), materialize
-    on `device`, initialize. Returns the model and FSDP's plan for the micro-batches of a step."""
+    on `device`, initialize. Returns the model's parts on this rank (the model itself, or its
+    pipeline stages) and FSDP's plan for the micro-batches of a step."""
     if model_args.attn_backend == "flash" and attention.flash_attn_module() is None:
         # Here, not inside the first (compiled) forward, where it would surface as a dynamo trace.
         raise ConfigError(attention.FLASH_MISSING)
@@ -239,52 +191,49 @@ def build_model(
     spec = get_spec(config.model.name)
     with torch.device("meta"):
         model = spec.model_cls(model_args)
-    accumulation = spec.parallelize(
+    parts, accumulation = spec.parallelize(
         model, parallel_dims, config, device.type, options.compile_backend
     )
-    model.to_empty(device=device)
-    # Every weight from a generator seeded by (training.seed, its name), drawn whole on the
-    # device and sliced: the same initial weights in every layout (models/common/init.py).
-    init = ParamInit(model, config.training.seed, device)
-    model.init_weights(buffer_device=device, init=init)
-    if config.lora.enable:
-        init_lora_weights(model, init)
-    model.train()
-    return model, accumulation
+    for part in parts:
+        part.to_empty(device=device)
+        # Every weight from a generator seeded by (training.seed, its name), drawn whole on the
+        # device and sliced: the same initial weights in every layout (models/common/init.py).
+        init = ParamInit(part, config.training.seed, device)
+        part.init_weights(buffer_device=device, init=init)
+        if config.lora.enable:
+            init_lora_weights(part, init)
+        part.train()
+    return parts, accumulation
 
 
-def build_loss_fn(config: JobConfig, options: BuildOptions = TRAINING_BUILD) -> LossFn:
-    """loss_fn(model, micro_batch) -> this micro-batch's cross-entropy sum, as configured by
-    training.loss_impl (resolved by config/derived.py): chunked (loss_chunk_size tokens at a
-    time), liger or cce run as the model's loss head (no full logits;
-    components/objective/loss.py); plain takes the loss of the logits. compile.components
-    "loss" compiles the chunked and plain losses (fuses the fp32 upcast, log-softmax and
-    gather); liger and cce are Triton kernels already."""
+def build_loss_head(config: JobConfig, options: BuildOptions = TRAINING_BUILD) -> LossHead:
+    """The output head's loss, (h_BSD, weight_VD, labels_BS) -> cross-entropy sum, as
+    configured by training.loss_impl (resolved by config/derived.py): chunked (loss_chunk_size
+    tokens at a time), liger or cce (no full logits; components/objective/loss.py), or plain:
+    the loss of the whole logits. compile.components "loss" compiles the chunked and plain
+    losses (fuses the fp32 upcast, log-softmax and gather); liger and cce are Triton kernels."""
     t = config.training
     impl = resolved_loss_impl(t)
     compiled = compiles(config.compile, "loss")
-    compile_backend = options.compile_backend
-
-    def inputs(batch: dict) -> tuple:
-        return batch["input_ids"], batch["positions"], batch["document_ids"]
-
     if impl == "plain":
         ce = cross_entropy_sum
         if compiled:
-            ce = torch.compile(cross_entropy_sum, backend=compile_backend)
-
-        def plain_loss(model: nn.Module, batch: dict) -> torch.Tensor:
-            return ce(model(*inputs(batch)), batch["labels"])
-
-        return plain_loss
+            ce = torch.compile(cross_entropy_sum, backend=options.compile_backend)
+        return lambda h_BSD, weight_VD, labels_BS: ce(F.linear(h_BSD, weight_VD), labels_BS)
     if impl == "chunked":
-        head = chunked_loss_head(t.loss_chunk_size, compiled, compile_backend)
-    else:
-        check_kernel_loss(impl)
-        head = kernel_loss_head(impl)
+        return chunked_loss_head(t.loss_chunk_size, compiled, options.compile_backend)
+    check_kernel_loss(impl)
+    return kernel_loss_head(impl)
+
+
+def build_loss_fn(config: JobConfig, options: BuildOptions = TRAINING_BUILD) -> LossFn:
+    """loss_fn(model, micro_batch) -> this micro-batch's cross-entropy sum: the model's output
+    head runs build_loss_head's loss."""
+    head = build_loss_head(config, options)
 
     def head_loss(model: nn.Module, batch: dict) -> torch.Tensor:
-        return model(*inputs(batch), labels_BS=batch["labels"], loss_head=head)
+        inputs = batch["input_ids"], batch["positions"], batch["document_ids"]
+        return model(*inputs, labels_BS=batch["labels"], loss_head=head)
 
     return head_loss
 
@@ -297,21 +246,30 @@ def build_run(
 ) -> Run:
     """Model, optimizer, LR schedule and loss on the layout's meshes (the estimator calls it
     under its FakeTensorMode, after build_layout: DeviceMesh needs real rank tensors)."""
-    model, accumulation = build_model(
+    parts, accumulation = build_model(
         config, layout.parallel_dims, layout.model_args, device, options
     )
+    model = parts[0]
     optimizer_device_type = options.optimizer_device_type or device.type
-    optimizer = build_optimizer([model], config.optimizer, optimizer_device_type)
+    optimizer = build_optimizer(parts, config.optimizer, optimizer_device_type)
     lr_scheduler = build_lr_scheduler(optimizer, config.lr_scheduler, config.training.steps)
     if dpo_enabled(config):  # the pair loss and its reference model
         loss = _build_dpo(config, layout, device, model, options)
     else:
         loss = dict(loss_fn=build_loss_fn(config, options))
+    pd = layout.parallel_dims
+    if pd.pp_enabled:
+        head = build_loss_head(config, options)
+        n_layers, batch = layout.model_args.n_layers, config.training.local_batch_size
+        loss["pipeline"] = build_pipeline(
+            parts, config.parallelism, n_layers, batch, pd.mesh("pp"), device, head
+        )
     return Run(
         parallel_dims=layout.parallel_dims,
         model_args=layout.model_args,
         grad_accum=layout.grad_accum,
         model=model,
+        model_parts=parts,
         optimizer=optimizer,
         lr_scheduler=lr_scheduler,
         accumulation=accumulation,
@@ -331,7 +289,9 @@ def _build_dpo(
     model built and sharded like the policy; with LoRA none: the policy with adapters off)."""
     reference = None
     if not config.lora.enable:
-        reference, _ = build_model(config, layout.parallel_dims, layout.model_args, device, options)
+        [reference], _ = build_model(
+            config, layout.parallel_dims, layout.model_args, device, options
+        )
     t = config.training
     chunk = t.loss_chunk_size if resolved_loss_impl(t) == "chunked" else 0
     loss_fn = build_dpo_loss(

@@ -44,7 +44,7 @@ def create_seed_checkpoint(config: JobConfig) -> str:
     lock = acquire(config.job.dump_folder)  # a training run there would recover over the save
     try:
         layout = build_layout(config, world_size, device.type)
-        model, _ = build_model(config, layout.parallel_dims, layout.model_args, device)
+        [model], _ = build_model(config, layout.parallel_dims, layout.model_args, device)
         write_config(config, os.path.join(config.job.dump_folder, "config.toml"))
         path = write_seed_checkpoint(
             model, os.path.join(config.job.dump_folder, config.checkpoint.folder)

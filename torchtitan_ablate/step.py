@@ -12,6 +12,7 @@ from torchtitan_ablate.components.quantization.float8 import float8_post_optimiz
 from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.distributed.context_parallel import place_micro_batch
 from torchtitan_ablate.distributed.fsdp import before_micro_batch
+from torchtitan_ablate.distributed.pipeline_parallel import pipeline_forward_backward
 
 
 def next_micro_batches(
@@ -58,6 +59,9 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
     load_before = model.expert_load().clone() if balance_bias else None
     metrics: dict[str, torch.Tensor] = {}
     for i, batch in enumerate(batches):
+        if run.pipeline is not None:  # the schedule runs the batch's micro-batches and backward
+            ce_total += pipeline_forward_backward(run.pipeline, batch, global_count)
+            continue
         before_micro_batch(model, run.accumulation, i, len(batches))
         loss = run.loss_fn(model, batch)
         loss, loss_metrics = loss if isinstance(loss, tuple) else (loss, {})
@@ -69,8 +73,8 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
         aux = model.moe_aux_loss()  # logged only: its gradient rides on each MoE output
         if aux is not None:
             aux_total += aux * aux_scale
-    params = [p for p in model.parameters() if p.requires_grad]
-    grad_norm = dist_utils.clip_grad_norm_(params, run.max_norm)
+    params = [p for part in run.model_parts for p in part.parameters() if p.requires_grad]
+    grad_norm = dist_utils.clip_grad_norm_(params, run.max_norm, pd.pp_group())
     nonfinite, tokens = None, global_tokens
     if guard_nonfinite:
         loss = dist_utils.all_reduce_sum(ce_total.clone(), loss_group)

@@ -101,7 +101,7 @@ class Trainer:
 
         # 2. Model (meta build, parallelize, materialize, initialize), optimizer, schedule, loss.
         self.run = build_run(config, layout, self.device)
-        model = self.model = self.run.model
+        self.model = self.run.model
         self.optimizer, self.lr_scheduler = self.run.optimizer, self.run.lr_scheduler
         self.loss_fn = self.run.loss_fn
 
@@ -113,7 +113,7 @@ class Trainer:
             enable=config.checkpoint.enable,
             interval=config.checkpoint.interval,
             keep_latest_k=config.checkpoint.keep_latest_k,
-            model_parts=[model],
+            model_parts=self.run.model_parts,
             optimizers=[self.optimizer],
             lr_schedulers=[self.lr_scheduler],
             dataloader=self.dataloader,
@@ -142,8 +142,7 @@ class Trainer:
         self.step = 0
         self.nonfinite_in_a_row = 0
         self.preemption = Preemption(config.training.sigterm_grace_seconds, self._on_hang)
-        n_params = sum(p.numel() for p in model.parameters())
-        n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        n_params, n_trainable = self.run.num_params()
         if config.job.description:
             logger.info(f"job: {config.job.description}")
         logger.info(
@@ -201,13 +200,13 @@ class Trainer:
             self.trace_profiler.step(self.step)
             # out["tokens"]: the step's global count of tokens the loss counts (labels != -100:
             # no padding, no masked SFT prompt), read by train_step with its non-finite check.
-            # Per GPU: that over the ranks; the cp ranks of a row share its attention work.
-            pd = self.parallel_dims
+            # Per GPU: that over the ranks; the cp, tp and pp ranks of a row share its work (each
+            pd = self.parallel_dims  # holds the whole row's ids: count 1 / (tp * pp) of them).
             self.metrics.add_tokens(
-                sum(b["input_ids"].numel() for b in batches),
+                sum(b["input_ids"].numel() for b in batches) // (pd.tp * pd.pp),
                 data_time,
                 trained_tokens=out["tokens"] / pd.world_size,
-                attention_pairs=self.step_pairs / pd.cp,
+                attention_pairs=self.step_pairs / (pd.cp * pd.tp * pd.pp),
                 profiled=self.comm_profiler.covers(self.step),
             )
             self.train_state.step = self.step

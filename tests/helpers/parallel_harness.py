@@ -72,14 +72,24 @@ def train_layout(dump_folder: str, args: list[str]) -> dict:
     trainer = build_trainer(dump_folder, args)
     trainer.dataloader.batches_done = lambda: trainer.step * trainer.grad_accum
     records = trainer.train()
-    sd = get_model_state_dict(
-        trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
-    rank = dist.get_rank()
-    return {
-        "losses": [r["loss"] for r in records],
-        "params": {k: v.clone() for k, v in sd.items()} if rank == 0 else None,
-    }
+    return {"losses": [r["loss"] for r in records], "params": full_params(trainer)}
+
+
+def full_params(trainer: train.Trainer) -> dict | None:
+    """The whole model's full fp32 parameters on rank 0 (None elsewhere): with pipeline
+    parallel, every stage's, gathered from the ranks that hold them."""
+    pp = trainer.parallel_dims.pp
+    options = StateDictOptions(full_state_dict=True, cpu_offload=pp == 1)
+    sd = {}
+    for part in trainer.run.model_parts:
+        sd.update(
+            {k: v.cpu().clone() for k, v in get_model_state_dict(part, options=options).items()}
+        )
+    if pp > 1:
+        gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(sd, gathered, dst=0)
+        sd = {k: v for part in gathered or [] for k, v in part.items()}
+    return sd if dist.get_rank() == 0 else None
 
 
 def assert_same_training(got: dict, ref: dict, loss_rtol: float = 1e-5, atol: float = 1e-4):

@@ -140,23 +140,24 @@ def parallelize_tiny(
     job_config: JobConfig,
     device_type: str,
     compile_backend: CompileBackend,
-) -> AccumulationPlan | None:
+) -> tuple[list[nn.Module], AccumulationPlan | None]:
     """Activation checkpointing, compile per block, then FSDP over every data-parallel rank
-    (float32 throughout)."""
+    (float32 throughout); the model is its one part (no pipeline parallel)."""
     ac = job_config.activation_checkpoint
     if ac.mode != "none":
         apply_ac(model, ac.mode, ac.selective_ac_option)
     if compiles(job_config.compile, "model"):
         apply_compile(model, fullgraph=True, backend=compile_backend)
     if parallel_dims.dp == 1:
-        return None
-    return apply_fsdp(
+        return [model], None
+    plan = apply_fsdp(
         model,
         parallel_dims.mesh("fsdp"),
         param_dtype=torch.float32,
         reduce_dtype=torch.float32,
         reshard_after_forward=job_config.parallelism.fsdp_reshard_after_forward,
     )
+    return [model], plan
 
 
 TINY_SPEC = ModelSpec(

@@ -51,7 +51,9 @@ def _initial_weights(layouts: dict[str, list[str] | None], moe_layouts: dict) ->
         config = load_config(BASE + ["--model.flavor", flavor] + args)
         layout = build.build_layout(config, dist.get_world_size(), "cpu")
         model_args = dataclasses.replace(layout.model_args, tie_embeddings=tied)
-        model, _ = build.build_model(config, layout.parallel_dims, model_args, torch.device("cpu"))
+        [model], _ = build.build_model(
+            config, layout.parallel_dims, model_args, torch.device("cpu")
+        )
         sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
         if dist.get_rank() == 0:
             out[model_name, layout_name] = {k: v.detach().clone() for k, v in sd.items()}

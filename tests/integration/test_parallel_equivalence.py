@@ -58,6 +58,9 @@ LAYOUTS = {
         [P + "data_parallel_replicate_degree", "2", P + "expert_parallel_degree", "2"],
     ),
     "ep2_ac_full": (2, [P + "expert_parallel_degree", "2", "--activation_checkpoint.mode", "full"]),
+    # Tensor parallel (dense only): alone, and as a 2-D layout under FSDP.
+    "tp2": (2, [P + "tensor_parallel_degree", "2"]),
+    "tp2_fsdp2": (4, [P + "tensor_parallel_degree", "2"]),
     "fsdp2_ac_selective_op": (
         2,
         [

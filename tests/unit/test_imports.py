@@ -110,7 +110,7 @@ FLOORS = (
     ("models",),
     ("distributed",),
     ("components",),
-    ("build",),
+    ("layout", "build"),
     ("step",),
     ("estimator",),
     ("train", "seed_checkpoint", "launch", "cli"),

@@ -18,6 +18,7 @@ from torchtitan_ablate.config.measure_config import (
     Validation,
 )
 from torchtitan_ablate.config.optim_config import LRScheduler, Optimizer
+from torchtitan_ablate.config.parallelism_config import Parallelism
 
 
 @dataclass
@@ -208,37 +209,6 @@ class Training:
 
     gc_freq: int = 50
     """Run Python's garbage collector every this many steps (automatic GC off in between)."""
-
-
-@dataclass
-class Parallelism:
-    data_parallel_replicate_degree: int = 1
-    """Replicas (HSDP's outer dimension, or plain data parallel)."""
-
-    data_parallel_shard_degree: int = -1
-    """FSDP shard degree; -1 = the ranks left over by the other degrees."""
-
-    context_parallel_degree: int = 1
-    """Ranks a sequence is split over."""
-
-    expert_parallel_degree: int = 1
-    """Ranks routed experts are split over (borrowed from dp_shard * cp)."""
-
-    expert_parallel_dispatch: Literal["rows", "tokens"] = "rows"
-    """How expert parallel moves tokens: rows sends each token once per chosen expert (top_k
-    rows); tokens sends it once to each rank holding one of its experts and sums there (as
-    DeepEP; 2.2x fewer bytes at top-8 of 128 experts over 4 ranks)."""
-
-    fsdp_cpu_offload: bool = False
-    """Keep sharded parameters, gradients and optimizer state in CPU memory (FSDP2 offload).
-    CUDA only, and FSDP must be applied: more than one rank or bf16 parameters."""
-
-    fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
-    """never keeps gathered parameters until backward (ZeRO-2-like; under gradient accumulation
-    until the step's last backward); always frees them after forward (ZeRO-3); default = always
-    except the last block, whose backward starts at once. The final norm and output head (and
-    the tied table) stay gathered until backward in every mode. always needs FSDP (more than one
-    rank or bf16 parameters)."""
 
 
 @dataclass

@@ -14,6 +14,7 @@ from torchtitan_ablate.config import (
     job_config,
     measure_config,
     optim_config,
+    parallelism_config,
 )
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.config.loader import describe_type, field_types, toml_value
@@ -29,6 +30,7 @@ def field_docs() -> dict[str, dict[str, str]]:
         comm_config,
         debug_config,
         optim_config,
+        parallelism_config,
     )
     body = [n for m in modules for n in ast.parse(inspect.getsource(m)).body]
     docs: dict[str, dict[str, str]] = {}

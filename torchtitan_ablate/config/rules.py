@@ -9,6 +9,7 @@ alone does not say live where that is known: degrees against the world size and 
 that uses them.
 """
 
+from torchtitan_ablate.config.dpo_config import dpo_enabled
 from torchtitan_ablate.config.job_config import (
     LORA_TARGETS,
     ActivationCheckpoint,
@@ -25,6 +26,7 @@ from torchtitan_ablate.config.job_config import (
     Profiling,
 )
 from torchtitan_ablate.config.optim_config import NO_DECAY_CLASSES, LRScheduler, Optimizer
+from torchtitan_ablate.config.pipeline_rules import check_pipeline_parallel
 from torchtitan_ablate.config.require import at_least, require, unset_or_positive
 from torchtitan_ablate.config.training_rules import check_dpo, check_training, check_validation
 
@@ -49,6 +51,8 @@ def validate(config: JobConfig) -> None:
     if config.lora.enable:
         _check_lora(config.lora)
     _check_ep_dispatch(config)
+    _check_tensor_parallel(config)
+    check_pipeline_parallel(config)
     check_dpo(config)
     _check_force_load_balance(config)
 
@@ -80,6 +84,31 @@ def _check_ep_dispatch(config: JobConfig) -> None:
     key = "parallelism.expert_parallel_dispatch = 'tokens'"
     ep = config.parallelism.expert_parallel_degree
     require(ep > 1, f"{key} needs parallelism.expert_parallel_degree > 1 (it is {ep})")
+
+
+def _check_tensor_parallel(config: JobConfig) -> None:
+    """What tensor parallel does not combine with yet (the model's sizes and the MoE refusal
+    are checked in ParallelDims.check_model, where the flavor is known)."""
+    p = config.parallelism
+    require(
+        not p.enable_async_tensor_parallel,
+        "parallelism.enable_async_tensor_parallel = true is not supported yet; set it to false",
+    )
+    tp = p.tensor_parallel_degree
+    require(tp >= 1, f"parallelism.tensor_parallel_degree = {tp}: must be >= 1")
+    if tp == 1:
+        return
+    key = f"parallelism.tensor_parallel_degree = {tp}"
+    cp, ep = p.context_parallel_degree, p.expert_parallel_degree
+    others = {
+        f"parallelism.context_parallel_degree = {cp}": cp > 1,
+        f"parallelism.expert_parallel_degree = {ep}": ep > 1,
+        "float8.enable = true": config.float8.enable,
+        "lora.enable = true": config.lora.enable,
+        "training.dataset = 'preference' (DPO)": dpo_enabled(config),
+    }
+    for name, on in others.items():
+        require(not on, f"{key} with {name} is not supported yet; use one or the other")
 
 
 def _check_force_load_balance(config: JobConfig) -> None:
@@ -182,6 +211,8 @@ def _check_seed_checkpoint(config: JobConfig) -> None:
         "data_parallel_shard_degree": p.data_parallel_shard_degree,
         "context_parallel_degree": p.context_parallel_degree,
         "expert_parallel_degree": p.expert_parallel_degree,
+        "tensor_parallel_degree": p.tensor_parallel_degree,
+        "pipeline_parallel_degree": p.pipeline_parallel_degree,
     }
     for name, degree in degrees.items():
         require(

@@ -34,6 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
+from torchtitan_ablate.distributed.tensor_parallel import tp_shard_labels
 from torchtitan_ablate.models.common.attention import dense_kernel
 
 # Batch entries laid out [B, S] along the sequence; anything else passes through unsharded.
@@ -82,9 +83,12 @@ def cp_shard_batch(batch: dict[str, torch.Tensor], cp_mesh: DeviceMesh) -> dict:
 
 
 def place_micro_batch(batch: dict, parallel_dims: ParallelDims, device: torch.device) -> dict:
-    """A loader micro-batch as the model takes it: this cp rank's slice, on the device."""
+    """A loader micro-batch as the model takes it: this cp rank's slice and, under tensor
+    parallel, this tp rank's slice of the labels (the tokens its loss covers), on the device."""
     if parallel_dims.cp_enabled:
         batch = cp_shard_batch(batch, parallel_dims.mesh("cp"))
+    if parallel_dims.tp_enabled:
+        batch = {**batch, "labels": tp_shard_labels(batch["labels"], parallel_dims.mesh("tp"))}
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 

@@ -86,8 +86,10 @@ def apply_fsdp(
         mp_policy=mp,
         offload_policy=CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
     )
-    tied = model.output is not None and model.output.weight is model.tok_embeddings.weight
-    if not tied:
+    # A pipeline stage holds tok_embeddings or norm + output or neither (None).
+    whole = model.output is not None and model.tok_embeddings is not None
+    tied = whole and model.output.weight is model.tok_embeddings.weight
+    if not tied and model.tok_embeddings is not None:
         # With tied weights the shared table must live in one FSDP group: the root's.
         reshard = reshard_policy(reshard_after_forward, is_last_block=False)
         fully_shard(model.tok_embeddings, reshard_after_forward=reshard, **kwargs)
@@ -104,7 +106,7 @@ def apply_fsdp(
             if _shard_size(experts_mesh) == 1:
                 moe.experts.set_custom_all_gather(OneRankAllGather())
         fully_shard(block, reshard_after_forward=reshard, **kwargs)
-    if not tied:
+    if not tied and model.output is not None:
         fully_shard([model.norm, model.output], reshard_after_forward=False, **kwargs)
     fully_shard(model, reshard_after_forward=False, **kwargs)
     if experts_mesh is not None:

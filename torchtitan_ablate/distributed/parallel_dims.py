@@ -1,9 +1,14 @@
 """ParallelDims: the parallel degrees of a run and the only place DeviceMeshes are made.
 
-Layout: one world mesh (dp_replicate, dp_shard, cp) for dense parameters; expert
-parallel borrows its ranks from dp_shard * cp, so experts live on a second view of the same
-ranks, (dp_replicate, efsdp, ep) with efsdp = dp_shard * cp / ep. Rank order is row-major in both,
-so an ep group is a block of consecutive ranks inside one dp_shard * cp block.
+Layout: one world mesh (pp, dp_replicate, dp_shard, cp, tp) for dense parameters, tp innermost
+and pp outermost (as torchtitan): a tp group is a block of consecutive ranks, the ones that talk
+every layer, which on a multi-GPU node keeps them on one host's fast links; the pipeline
+stages, which exchange one activation per micro-batch, are the farthest apart. Every other mesh
+has pp as its outer dimension too, so each stage's data/tensor parallel groups are separate.
+Expert parallel borrows its ranks from dp_shard * cp, so experts live on a second view of the
+same ranks, (pp, dp_replicate, efsdp, ep) with efsdp = dp_shard * cp / ep (EP with TP or PP is
+refused). Rank order is row-major in all of them, so an ep group is a block of consecutive
+ranks inside one dp_shard * cp block.
 """
 
 from dataclasses import dataclass, field
@@ -23,27 +28,32 @@ class ParallelDims:
     cp: int
     ep: int
     world_size: int
+    tp: int = 1
+    pp: int = 1
     _meshes: dict[str, DeviceMesh] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("dp_replicate", "cp", "ep", "world_size"):
+        for name in ("dp_replicate", "cp", "ep", "tp", "pp", "world_size"):
             if getattr(self, name) < 1:
                 raise ParallelDimsError(f"{name} = {getattr(self, name)}: must be >= 1")
         if self.dp_shard == -1:
-            rest = self.dp_replicate * self.cp
+            rest = self.pp * self.dp_replicate * self.cp * self.tp
             if self.world_size % rest:
                 raise ParallelDimsError(
-                    f"world size {self.world_size} is not divisible by data_parallel_replicate"
-                    f"_degree * context_parallel_degree = {self.dp_replicate} * {self.cp}"
+                    f"world size {self.world_size} is not divisible by pipeline_parallel_degree "
+                    f"* data_parallel_replicate_degree * context_parallel_degree * "
+                    f"tensor_parallel_degree = {self.pp} * {self.dp_replicate} * {self.cp} * "
+                    f"{self.tp}"
                 )
             self.dp_shard = self.world_size // rest
         if self.dp_shard < 1:
             raise ParallelDimsError(f"data_parallel_shard_degree = {self.dp_shard}: >= 1 or -1")
-        product = self.dp_replicate * self.dp_shard * self.cp
+        product = self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
         if product != self.world_size:
             raise ParallelDimsError(
-                f"data_parallel_replicate_degree * data_parallel_shard_degree * "
-                f"context_parallel_degree = {self.dp_replicate} * {self.dp_shard} * {self.cp} = "
+                f"pipeline_parallel_degree * data_parallel_replicate_degree * "
+                f"data_parallel_shard_degree * context_parallel_degree * tensor_parallel_degree "
+                f"= {self.pp} * {self.dp_replicate} * {self.dp_shard} * {self.cp} * {self.tp} = "
                 f"{product}, but the world size is {self.world_size}"
             )
         if (self.dp_shard * self.cp) % self.ep:
@@ -52,9 +62,13 @@ class ParallelDims:
                 f"context_parallel_degree = {self.dp_shard} * {self.cp} (EP borrows those ranks)"
             )
 
-    def check_model(self, num_experts: int, seq_len: int) -> None:
+    def check_model(
+        self, num_experts: int, seq_len: int, tp_split: dict[str, int] | None = None
+    ) -> None:
         """Constraints that need the model and batch shape, checked here only: the build path
-        calls this before anything is built, so apply_ep and cp_shard_batch take them as met."""
+        calls this before anything is built, so apply_ep, apply_tp, cp_shard_batch and
+        tp_shard_labels take them as met. tp_split: the model sizes tensor parallel splits
+        ({"n_heads": 16, ...}), each of which tp must divide."""
         if self.ep > 1 and (num_experts == 0 or num_experts % self.ep):
             raise ParallelDimsError(
                 f"expert_parallel_degree = {self.ep} must divide the number of experts "
@@ -65,6 +79,28 @@ class ParallelDims:
                 f"training.seq_len = {seq_len} must be divisible by 2 * context_parallel_degree "
                 f"= {2 * self.cp} (head-tail load balancing splits it into 2 * cp chunks)"
             )
+        if self.pp > 1 and num_experts:
+            raise ParallelDimsError(
+                f"pipeline_parallel_degree = {self.pp} with an MoE model (num_experts = "
+                f"{num_experts}) is not supported yet; use expert_parallel_degree and FSDP"
+            )
+        if self.tp == 1:
+            return
+        key = f"tensor_parallel_degree = {self.tp}"
+        if num_experts:
+            raise ParallelDimsError(
+                f"{key} with an MoE model (num_experts = {num_experts}) is not supported yet; "
+                "use expert_parallel_degree and FSDP for MoE models"
+            )
+        sizes = {
+            "training.seq_len": seq_len,
+            **{f"model {k}": v for k, v in (tp_split or {}).items()},
+        }
+        for name, size in sizes.items():
+            if size % self.tp:
+                raise ParallelDimsError(
+                    f"{key} must divide {name} = {size} (tensor parallel splits it evenly)"
+                )
 
     # Degrees and switches.
     @property
@@ -85,30 +121,42 @@ class ParallelDims:
     def ep_enabled(self) -> bool:
         return self.ep > 1
 
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
     # Meshes.
     def build_meshes(self, device_type: str) -> None:
         """Creates the world mesh and the experts' view; call once after init_process_group."""
         world = init_device_mesh(
             device_type,
-            (self.dp_replicate, self.dp_shard, self.cp),
-            mesh_dim_names=("dp_replicate", "dp_shard", "cp"),
+            (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp),
+            mesh_dim_names=("pp", "dp_replicate", "dp_shard", "cp", "tp"),
         )
         self._meshes["world"] = world
         self._meshes["dp"] = world["dp_replicate", "dp_shard"]._flatten("dp")
-        self._meshes["dp_cp"] = world["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+        self._meshes["loss"] = world["dp_replicate", "dp_shard", "cp", "tp"]._flatten("loss")
         # FSDP's mesh: (replicate, shard over dp_shard*cp) for HSDP, else the shard dim alone.
-        # Its own root (same rank order), as slicing flattened dims out of a root is deprecated.
+        # Its own root (same rank order), as slicing flattened dims out of a root is deprecated;
+        # tp is taken from the same root, since FSDP2 shards tensor-parallel parameters only
+        # over a mesh that shares their mesh's root (a 2-D layout).
         fsdp = init_device_mesh(
             device_type,
-            (self.dp_replicate, self.dp_shard * self.cp),
-            mesh_dim_names=("dp_replicate", "dp_shard_cp"),
+            (self.pp, self.dp_replicate, self.dp_shard * self.cp, self.tp),
+            mesh_dim_names=("pp", "dp_replicate", "dp_shard_cp", "tp"),
         )
-        self._meshes["fsdp"] = fsdp if self.dp_replicate > 1 else fsdp["dp_shard_cp"]
+        self._meshes["tp"] = fsdp["tp"]
+        fsdp_dims = ("dp_replicate", "dp_shard_cp") if self.dp_replicate > 1 else ("dp_shard_cp",)
+        self._meshes["fsdp"] = fsdp[fsdp_dims]
         if self.ep_enabled:
             experts = init_device_mesh(
                 device_type,
-                (self.dp_replicate, self.efsdp, self.ep),
-                mesh_dim_names=("dp_replicate", "efsdp", "ep"),
+                (self.pp, self.dp_replicate, self.efsdp, self.ep),
+                mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep"),
             )
             self._meshes["experts"] = experts
             self._meshes["experts_fsdp"] = (
@@ -116,21 +164,28 @@ class ParallelDims:
             )
 
     def mesh(self, name: str) -> DeviceMesh:
-        """Named (sub-)mesh: world, dp, dp_replicate, dp_shard, cp, dp_cp (loss), fsdp (1-D
-        over dp_shard * cp, or HSDP 2-D), and with EP: ep, efsdp, experts, experts_fsdp."""
+        """Named (sub-)mesh: world, pp, dp, dp_replicate, dp_shard, cp, tp, loss (dp x cp x tp),
+        fsdp (1-D over dp_shard * cp, or HSDP 2-D), and with EP: ep, efsdp, experts,
+        experts_fsdp."""
         if not self._meshes:
             raise RuntimeError("ParallelDims.build_meshes() has not been called")
         if name in self._meshes:
             return self._meshes[name]
-        if name in ("dp_replicate", "dp_shard", "cp"):
+        if name in ("pp", "dp_replicate", "dp_shard", "cp"):
             return self._meshes["world"][name]
         if name in ("ep", "efsdp") and "experts" in self._meshes:
             return self._meshes["experts"][name]
         raise KeyError(f"no mesh named {name!r}")
 
     def loss_group(self) -> dist.ProcessGroup | None:
-        """The ranks whose tokens share one loss (dp x cp), or None on a single such rank."""
-        return self.mesh("dp_cp").get_group() if self.dp * self.cp > 1 else None
+        """The ranks whose tokens share one loss (dp x cp x tp: context and tensor parallel
+        ranks each count their own slice of the sequence), or None on a single such rank."""
+        return self.mesh("loss").get_group() if self.dp * self.cp * self.tp > 1 else None
+
+    def pp_group(self) -> dist.ProcessGroup | None:
+        """The ranks holding the other pipeline stages of this rank's model, or None without
+        pipeline parallel."""
+        return self.mesh("pp").get_group() if self.pp_enabled else None
 
     def dp_rank(self) -> int:
         """This rank's index among the data-parallel ranks (which batch shard it reads)."""

@@ -98,16 +98,23 @@ def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
 
 
 @torch.no_grad()
-def clip_grad_norm_(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+def clip_grad_norm_(
+    parameters: list[torch.nn.Parameter],
+    max_norm: float,
+    pp_group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
     """Global L2 norm of all gradients (plain or DTensor on any meshes), clipped to max_norm.
 
     Parameters sharded on different meshes (dense vs expert-parallel) cannot be stacked into
-    one DTensor norm, so each group's squared norm is made full and summed here.
+    one DTensor norm, so each group's squared norm is made full and summed here. pp_group: the
+    ranks holding the other pipeline stages, whose squared norms are added too (each stage
+    holds other parameters), so every stage clips by the whole model's norm.
     """
     from torch.distributed.tensor import DTensor
 
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
+        assert pp_group is None, "every pipeline stage has gradients"
         return torch.zeros(())
     by_mesh: dict[object, list[torch.Tensor]] = {}
     for g in grads:
@@ -119,7 +126,7 @@ def clip_grad_norm_(parameters: list[torch.nn.Parameter], max_norm: float) -> to
         if isinstance(sq, DTensor):
             sq = sq.full_tensor()
         total_sq = sq if total_sq is None else total_sq + sq
-    total = total_sq.sqrt()
+    total = all_reduce_sum(total_sq, pp_group).sqrt()
     if max_norm > 0:
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         # Scale the local shards: a DTensor times a plain tensor is not allowed.

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
-from torchtitan_ablate.build import build_model_args
 from torchtitan_ablate.config import JobConfig
 from torchtitan_ablate.config.dpo_config import dpo_enabled
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.estimator.cuda_model import ROUND_BYTES
+from torchtitan_ablate.layout import build_model_args
 from torchtitan_ablate.models.common.experts import GroupedExperts
 from torchtitan_ablate.models.common.lora import apply_lora
 from torchtitan_ablate.models.registry import get_spec

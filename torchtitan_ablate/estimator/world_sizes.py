@@ -9,10 +9,10 @@ context fit the card: fewer GPUs cannot fit whatever the batch or recomputation.
 
 from collections.abc import Iterator
 
-from torchtitan_ablate.build import build_parallel_dims, check_layout
 from torchtitan_ablate.config import ConfigError, JobConfig
 from torchtitan_ablate.estimator.cuda_model import context_gib
 from torchtitan_ablate.estimator.floor import ParamShape, StateFloor, state_floor
+from torchtitan_ablate.layout import build_parallel_dims, check_layout
 
 MAX_WORLD_SIZE = 1024
 

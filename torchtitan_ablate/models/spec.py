@@ -13,8 +13,10 @@ The contract a family meets, beyond the fields below:
   MoE hooks the train step calls (`set_moe_aux_loss_scale`, `moe_aux_loss`; for MoE also
   `expert_load`, `reset_expert_load`, `update_expert_bias`).
 - Its `parallelize(model, parallel_dims, job_config, device_type, compile_backend)` applies the
-  techniques in place (through distributed/ and components/) and returns FSDP's
-  AccumulationPlan, or None without FSDP.
+  techniques in place (through distributed/ and components/) and returns this rank's model
+  parts (the model itself, or its pipeline stages) and FSDP's AccumulationPlan (None without
+  FSDP). Tensor parallel is applied only by families that
+  declare `tp_split`; build.py refuses tensor_parallel_degree > 1 for the others.
 """
 
 from collections.abc import Callable, Iterable, Mapping
@@ -95,6 +97,10 @@ class ModelSpec:
 
     hf_model_types: tuple[str, ...] = ()
     """The config.json "model_type" values this family reads."""
+
+    tp_split: Callable[[Any], dict[str, int]] | None = None
+    """args -> the sizes tensor parallel splits ({"n_heads": 16, ...}), each of which
+    parallelism.tensor_parallel_degree must divide; None: the family has no tensor parallel."""
 
     generate: Callable[..., torch.Tensor] | None = None
     """Decoding: (model, prompt_BL, max_new_tokens, temperature, top_p, eos_id, seed) -> new

@@ -166,6 +166,45 @@ def test_token_dispatch_rules():
         assert config.parallelism.expert_parallel_dispatch == "tokens"
 
 
+TP2 = ["--parallelism.tensor_parallel_degree", "2"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--parallelism.enable_async_tensor_parallel", "true"],
+            "parallelism.enable_async_tensor_parallel = true is not supported yet; set it to false",
+        ),
+        (["--parallelism.tensor_parallel_degree", "0"], "tensor_parallel_degree = 0: must be >= 1"),
+        (
+            TP2 + ["--parallelism.context_parallel_degree", "2"],
+            "parallelism.tensor_parallel_degree = 2 with parallelism.context_parallel_degree = 2 "
+            "is not supported yet; use one or the other",
+        ),
+        (TP2 + ["--parallelism.expert_parallel_degree", "2"], "expert_parallel_degree = 2 is not"),
+        (TP2 + FLOAT8, "with float8.enable = true is not supported yet"),
+        (TP2 + LORA, "with lora.enable = true is not supported yet"),
+        (TP2 + ["--training.dataset", "preference"], "(DPO) is not supported yet"),
+        (
+            TP2 + ["--checkpoint.enable", "--checkpoint.create_seed_checkpoint"],
+            "parallelism.tensor_parallel_degree = 2; the seed checkpoint is written by one process",
+        ),
+    ],
+)
+def test_tensor_parallel_rules(args, message):
+    # Model sizes and MoE are checked where the flavor is known (ParallelDims.check_model).
+    with pytest.raises(ConfigError) as e:
+        load_config(args)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_tensor_parallel_loads_with_what_it_supports():
+    args = TP2 + ["--activation_checkpoint.mode", "full", "--compile.enable", "true"]
+    config = load_config(args + ["--parallelism.data_parallel_replicate_degree", "2"])
+    assert config.parallelism.tensor_parallel_degree == 2
+
+
 def test_default_lora_targets_are_the_dense_projections():
     assert load_config([]).lora.target_modules == DENSE_NAMES
 

@@ -58,7 +58,7 @@ def _mesh_names(_):
 
 
 def test_meshes_built_are_the_ones_requested():
-    assert run_distributed(_mesh_names, 2, None)[0] == ["dp", "dp_cp", "fsdp", "world"]
+    assert run_distributed(_mesh_names, 2, None)[0] == ["dp", "fsdp", "loss", "tp", "world"]
 
 
 @pytest.mark.parametrize(
@@ -152,6 +152,14 @@ def _start(args) -> tuple[int, list[str]]:
         (
             ["--parallelism.context_parallel_degree", "2", "--training.seq_len", "66"],
             "divisible by 2 * context_parallel_degree = 4",
+        ),
+        (
+            ["--model.flavor", "debugmodel_moe", "--parallelism.tensor_parallel_degree", "2"],
+            "tensor_parallel_degree = 2 with an MoE model (num_experts = 8) is not supported yet",
+        ),
+        (
+            ["--parallelism.tensor_parallel_degree", "2", "--training.seq_len", "33"],
+            "tensor_parallel_degree = 2 must divide training.seq_len = 33",
         ),
     ],
 )

@@ -127,9 +127,19 @@ def test_bad_input_is_one_line_exit_2():
     assert proc.stderr.strip().count("\n") == 0 and "context_parallel_degree" in proc.stderr
 
 
-def test_unsupported_option_is_a_config_error():
-    with pytest.raises(ConfigError, match="fsdp_cpu_offload"):
-        estimate(_config(DENSE, 2, "--parallelism.fsdp_cpu_offload", "true"))
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--parallelism.fsdp_cpu_offload", "true"], "fsdp_cpu_offload"),
+        (
+            ["--parallelism.tensor_parallel_degree", "2"],
+            "tensor_parallel_degree = 2 is not supported by the memory estimator yet",
+        ),
+    ],
+)
+def test_unsupported_option_is_a_config_error(extra, needle):
+    with pytest.raises(ConfigError, match=needle):
+        estimate(_config(DENSE, 2, *extra))
 
 
 TOKENS = ["--parallelism.expert_parallel_dispatch", "tokens"]

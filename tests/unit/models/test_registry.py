@@ -55,6 +55,11 @@ def test_an_unknown_model_name_lists_the_registered_families(tiny_family):
     assert "qwen3" in message and "tiny" in message and "\n" not in message
 
 
+def test_a_family_without_tensor_parallel_refuses_it(tiny_family):
+    with pytest.raises(ConfigError, match="model.name = 'tiny' has no tensor parallel; set"):
+        check_layout(tiny_config("--parallelism.tensor_parallel_degree", "2"), 2)
+
+
 def test_the_family_is_found_by_name_and_by_its_sizes(tiny_family):
     layout = check_layout(tiny_config(), 1)
     assert isinstance(layout.model_args, TinyArgs)

@@ -53,6 +53,7 @@ from torchtitan_ablate.components.checkpoint.state import (
     dcp_load,
     dcp_save,
     saved_keys,
+    unread_model_entries,
 )
 from torchtitan_ablate.components.objective.finite import NonFiniteError, nonfinite_entries
 from torchtitan_ablate.config import ConfigError
@@ -307,12 +308,7 @@ class CheckpointManager:
         check_keys(path, state, keys)
         # A smaller model would load silently from a bigger one's checkpoint: refuse it. Other
         # ranks' (or a skipped) data loader and RNG entries are expected to be left unread.
-        extra = [
-            k
-            for k in keys
-            if not k.startswith(("dataloader.", "rng.", "settings."))
-            and not any(".".join(k.split(".")[:i]) in state for i in range(1, k.count(".") + 2))
-        ]
+        extra = unread_model_entries(state, keys)
         if extra:
             raise Mismatch(
                 f"checkpoint {path} holds {len(extra)} model entries this run lacks (saved by "

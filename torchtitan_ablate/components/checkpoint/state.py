@@ -76,14 +76,21 @@ class OptimizerWrapper(Stateful):
     """One optimizer per model part, merged into one flat state dict keyed by parameter FQN."""
 
     def __init__(self, model_parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]):
-        if len(model_parts) != len(optimizers):
-            raise ValueError(
-                f"need one optimizer per model part, got {len(optimizers)} optimizers "
-                f"for {len(model_parts)} model parts"
-            )
+        # Checked when used: a run without checkpoints may hold one optimizer over several
+        # parts (the virtual pipeline stages of a rank; config rules refuse checkpoints there).
+        self.counts = len(model_parts), len(optimizers)
         self.pairs = list(zip(model_parts, optimizers))
 
+    def _check(self) -> None:
+        parts, optimizers = self.counts
+        if parts != optimizers:
+            raise ValueError(
+                f"need one optimizer per model part, got {optimizers} optimizers "
+                f"for {parts} model parts"
+            )
+
     def state_dict(self) -> dict[str, Any]:
+        self._check()
         return {
             k: v
             for model, optim in self.pairs
@@ -93,6 +100,7 @@ class OptimizerWrapper(Stateful):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads the moments and step counts; the param groups' hyperparameters stay this
         run's (the checkpoint's would silently override a changed config)."""
+        self._check()
         for model, optim in self.pairs:
             own = get_optimizer_state_dict(model, optim, options=_OPTIM_OPTIONS).keys()
             settings = [{k: v for k, v in g.items() if k != "params"} for g in optim.param_groups]
@@ -257,3 +265,21 @@ def check_keys(path: str, state: dict[str, Any], keys: set[str]) -> None:
             f"checkpoint {path} lacks {len(missing)} entries this run needs (saved by another "
             f"model or config?): {sorted(missing)[:8]}"
         )
+
+
+def unread_model_entries(state: dict[str, Any], keys: set[str]) -> list[str]:
+    """Checkpoint entries no rank of this run loads: those of a bigger model. Data loader, RNG
+    and settings entries are left out (other ranks' are expected to stay unread); with pipeline
+    parallel each rank loads its own part's entries, so an entry counts only if every rank
+    lacks it."""
+    extra = {
+        k
+        for k in keys
+        if not k.startswith(("dataloader.", "rng.", "settings."))
+        and not any(".".join(k.split(".")[:i]) in state for i in range(1, k.count(".") + 2))
+    }
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        every: list[set[str]] = [set()] * dist.get_world_size()
+        dist.all_gather_object(every, extra)
+        extra = set.intersection(*every)
+    return sorted(extra)

@@ -9,6 +9,7 @@ stays `output.weight` for checkpoints and the HF adapter.
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 LossHead = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -16,7 +17,17 @@ LossHead = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 (components/objective/loss.py builds them)."""
 
 
+def whole_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The weight as the head computes with it: the parameter itself (tensor parallel swaps in
+    a gather of its vocabulary shards)."""
+    return weight
+
+
 class OutputHead(nn.Linear):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.weight_fn = whole_weight
+
     def forward(
         self,
         h_BSD: torch.Tensor,
@@ -25,7 +36,8 @@ class OutputHead(nn.Linear):
     ) -> torch.Tensor:
         """Logits [B, S, V]; with labels and a loss head, the head's float32 cross-entropy sum
         over valid labels, from the hidden states and this (gathered) weight."""
+        weight_VD = self.weight_fn(self.weight)
         if labels_BS is None:
-            return super().forward(h_BSD)
+            return F.linear(h_BSD, weight_VD)
         assert loss_head is not None, "labels_BS needs a loss_head"
-        return loss_head(h_BSD, self.weight, labels_BS)
+        return loss_head(h_BSD, weight_VD, labels_BS)

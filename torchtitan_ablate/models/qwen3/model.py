@@ -38,9 +38,10 @@ class Attention(nn.Module):
     def forward(
         self, x_BSD: torch.Tensor, cos_BSK: torch.Tensor, sin_BSK: torch.Tensor, mask: AttentionMask
     ) -> torch.Tensor:
-        q_BSHK = self.q_norm(self.wq(x_BSD).unflatten(-1, (self.n_heads, self.head_dim)))
-        k_BSJK = self.k_norm(self.wk(x_BSD).unflatten(-1, (self.n_kv_heads, self.head_dim)))
-        v_BSJK = self.wv(x_BSD).unflatten(-1, (self.n_kv_heads, self.head_dim))
+        # Heads counted from the projection (-1): under tensor parallel a rank holds H / tp.
+        q_BSHK = self.q_norm(self.wq(x_BSD).unflatten(-1, (-1, self.head_dim)))
+        k_BSJK = self.k_norm(self.wk(x_BSD).unflatten(-1, (-1, self.head_dim)))
+        v_BSJK = self.wv(x_BSD).unflatten(-1, (-1, self.head_dim))
         q_BSHK, k_BSJK = apply_rope(q_BSHK, cos_BSK, sin_BSK), apply_rope(k_BSJK, cos_BSK, sin_BSK)
         out_BSHK = self.attention_fn(q_BSHK, k_BSJK, v_BSJK, mask)
         return self.wo(out_BSHK.flatten(-2))
@@ -140,10 +141,15 @@ class Qwen3Model(nn.Module):
         )
         self.rope_cos, self.rope_sin = cos_SK, sin_SK
         init = init_for(self, init)
-        init.normal_(self.tok_embeddings.weight, 0.02 if self.args.tie_embeddings else 1.0)
+        # A pipeline stage holds some of the modules (the others are None): it fills those.
+        if self.tok_embeddings is not None:
+            init.normal_(self.tok_embeddings.weight, 0.02 if self.args.tie_embeddings else 1.0)
         for block in self.layers.values():
             block.init_weights(init)
-        self.norm.reset_parameters()
+        if self.norm is not None:
+            self.norm.reset_parameters()
+        if self.output is None:
+            return
         if self.args.tie_embeddings:
             # Re-tie only if something split them (to_empty keeps the shared Parameter); a
             # needless reassignment would swap a parameter FSDP already manages.
@@ -158,18 +164,21 @@ class Qwen3Model(nn.Module):
         positions_BS: torch.Tensor | None = None,
         document_ids_BS: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Final-normed hidden states [B, S, D]; `output` not applied (for chunked losses)."""
-        batch, seq_len = tokens_BS.shape
+        """Final-normed hidden states [B, S, D]; `output` not applied (for chunked losses).
+        A pipeline stage (distributed/pipeline_parallel.py) lacks some modules: after the first
+        it takes the previous stage's hidden states [B, S, D] as tokens_BS, and before the last
+        it returns its blocks' output unnormed."""
+        batch, seq_len = tokens_BS.shape[:2]
         if positions_BS is None:
             positions_BS = torch.arange(seq_len, device=tokens_BS.device).expand(batch, seq_len)
         cos_BSK, sin_BSK = self.rope_cos[positions_BS], self.rope_sin[positions_BS]
         mask = self.build_mask(
             self.args.attn_backend, document_ids_BS, batch, seq_len, tokens_BS.device
         )
-        h_BSD = self.tok_embeddings(tokens_BS)
+        h_BSD = self.tok_embeddings(tokens_BS) if self.tok_embeddings is not None else tokens_BS
         for block in self.layers.values():
             h_BSD = block(h_BSD, cos_BSK, sin_BSK, mask)
-        return self.norm(h_BSD)
+        return self.norm(h_BSD) if self.norm is not None else h_BSD
 
     def forward(
         self,
@@ -185,6 +194,8 @@ class Qwen3Model(nn.Module):
         cross-entropy sum over labels != -100, from the final hidden states and the output
         weight, without the whole batch's logits."""
         h_BSD = self.forward_hidden(tokens_BS, positions_BS, document_ids_BS)
+        if self.output is None:  # a pipeline stage before the last
+            return h_BSD
         if labels_BS is None:
             return self.output(h_BSD)
         return self.output(h_BSD, labels_BS, loss_head)

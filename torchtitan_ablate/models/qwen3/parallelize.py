@@ -1,16 +1,29 @@
 """parallelize_qwen3: the one place where techniques are applied to a meta-device Qwen3Model.
 
 The order is fixed and matters:
+PP. pipeline parallel before everything: it cuts the model into this rank's stages (copies
+   keeping their own modules under their original names), and every step below then applies to
+   each stage as to a whole model (its own FSDP root, its blocks AC'd and compiled), so none of
+   them needs to know about stages. Each stage is then materialized and initialized by the build
+   path like a whole model. LoRA, float8, TP, EP and CP with PP are refused for now.
 0. LoRA first (when enabled): it adds the adapter parameters that EP and FSDP must shard like
    their base weights, and its adapted projections are no longer nn.Linear, so float8 leaves
    them (frozen base included) in high precision instead of dropping the adapters.
 1. float8: later wrappers must see the final module types.
-2. expert parallel: installs token dispatch/combine around the routed experts.
-3. context parallel: wraps attention so it sees every key/value of the sharded sequence.
-4. activation checkpointing: wraps whole blocks, so it goes after the modules inside them.
-5. torch.compile per block: after AC (the checkpoint is compiled with the block) and before
+2. tensor parallel, first of the parallelisms (as torchtitan): it replaces the Linear weights
+   with DTensors split over the tp ranks and hooks their inputs and outputs; everything after
+   it (checkpoint wrappers, compiled blocks, FSDP's sharding of those DTensors over the dp ranks
+   as a 2-D layout) must see the final parameters and hooks. float8 with TP is refused for now:
+   torchtitan converts first too, then uses torchao's float8 TP styles for tensorwise scaling
+   so the TP all-gathers move float8; that path needs CUDA to prove equal. LoRA with TP is
+   refused too (TP's styles split nn.Linear, which LoRA's adapted projections no longer are).
+   With TP, FSDP is applied even over one dp rank (step 7).
+3. expert parallel: installs token dispatch/combine around the routed experts.
+4. context parallel: wraps attention so it sees every key/value of the sharded sequence.
+5. activation checkpointing: wraps whole blocks, so it goes after the modules inside them.
+6. torch.compile per block: after AC (the checkpoint is compiled with the block) and before
    FSDP, so FSDP's hooks stay outside the compiled graphs.
-6. FSDP2 / HSDP last: it shards whatever parameters the steps above left in place.
+7. FSDP2 / HSDP last: it shards whatever parameters the steps above left in place.
 """
 
 import logging
@@ -34,9 +47,20 @@ from torchtitan_ablate.distributed.fsdp import (
     param_dtype,
 )
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
+from torchtitan_ablate.distributed.pipeline_parallel import plan_stages, split_stages, stage_ids
+from torchtitan_ablate.distributed.tensor_parallel import apply_tp
 from torchtitan_ablate.models.common.lora import apply_lora
+from torchtitan_ablate.models.qwen3.args import Qwen3ModelArgs
 
 logger = logging.getLogger("torchtitan_ablate")
+
+
+def tp_split_sizes(args: Qwen3ModelArgs) -> dict[str, int]:
+    """The sizes apply_tp splits over the tp ranks: query and kv heads (each rank holds whole
+    heads, and its query heads' kv heads), the FFN width, and the vocabulary (embedding and
+    output head rows)."""
+    names = ("n_heads", "n_kv_heads", "hidden_dim", "vocab_size")
+    return {name: getattr(args, name) for name in names}
 
 
 def check_fsdp_knobs(job_config: JobConfig, device_type: str, use_fsdp: bool) -> None:
@@ -83,16 +107,40 @@ def parallelize_qwen3(
     job_config: JobConfig,
     device_type: str,
     compile_backend: CompileBackend = INDUCTOR,
-) -> AccumulationPlan | None:
-    """Applies the techniques in place; returns FSDP's plan for the micro-batches of a step
-    (None without FSDP), which the train step hands to `before_micro_batch`.
+) -> tuple[list[nn.Module], AccumulationPlan | None]:
+    """Returns this rank's model parts (the model itself, or its pipeline stages), each
+    parallelized in place, and FSDP's plan for the micro-batches of a step, which the train step
+    hands to `before_micro_batch` (None without FSDP, and with PP, whose stages tell FSDP which
+    micro-batch is the last themselves).
 
     compile_backend: torch.compile's backend for the blocks (the memory estimator's models
     Inductor on fake tensors)."""
     pd = parallel_dims
+    if not pd.pp_enabled:
+        return [model], _parallelize_part(model, pd, job_config, device_type, compile_backend)
+    p = job_config.parallelism
+    fqns = plan_stages(p, model.args.n_layers)
+    parts = split_stages(model, fqns, stage_ids(p, pd.mesh("pp").get_local_rank(), len(fqns)))
+    for part in parts:
+        _parallelize_part(part, pd, job_config, device_type, compile_backend)
+    logger.info(
+        f"pipeline parallel: {len(fqns)} stages over {pd.pp} ranks ({p.pipeline_parallel_schedule})"
+    )
+    return parts, None
+
+
+def _parallelize_part(
+    model: nn.Module,
+    pd: ParallelDims,
+    job_config: JobConfig,
+    device_type: str,
+    compile_backend: CompileBackend,
+) -> AccumulationPlan | None:
+    """Steps 0 to 7 on the whole model or on one pipeline stage."""
     dtype = param_dtype(job_config.training, device_type)
-    # FSDP2 also on one GPU: its MixedPrecisionPolicy gives bf16 compute over fp32 weights.
-    use_fsdp = pd.dp > 1 or pd.cp > 1 or dtype != torch.float32
+    # FSDP2 also on one GPU: its MixedPrecisionPolicy gives bf16 compute over fp32 weights. And
+    # with TP on one dp rank: it sums the replicated weights' pending (Partial) tp gradients.
+    use_fsdp = pd.dp > 1 or pd.cp > 1 or pd.tp > 1 or dtype != torch.float32
     check_fsdp_knobs(job_config, device_type, use_fsdp)
 
     lora = job_config.lora
@@ -101,6 +149,10 @@ def parallelize_qwen3(
 
     if job_config.float8.enable:
         apply_float8(model, job_config.float8, device_type, fsdp_enabled=use_fsdp)
+
+    if pd.tp_enabled:
+        apply_tp(model, pd.mesh("tp"))
+        logger.info(f"tensor parallel: weights split over {pd.tp} ranks (sequence parallel)")
 
     if pd.ep_enabled:
         tokens = job_config.parallelism.expert_parallel_dispatch == "tokens"

@@ -1,0 +1,118 @@
+"""Pipeline parallel without ranks: the stage split, which stages a rank runs, the stages'
+modules and names, and the one-line refusals of what PP does not support yet."""
+
+import pytest
+import torch
+
+from torchtitan_ablate.build import check_layout
+from torchtitan_ablate.config import ConfigError, load_config
+from torchtitan_ablate.config.parallelism_config import Parallelism
+from torchtitan_ablate.distributed.parallel_dims import ParallelDims, ParallelDimsError
+from torchtitan_ablate.distributed.pipeline_parallel import (
+    default_fqns,
+    plan_stages,
+    split_stages,
+    stage_ids,
+)
+from torchtitan_ablate.models.qwen3 import Qwen3Model, qwen3_flavors
+
+PP2 = ["--parallelism.pipeline_parallel_degree", "2"]
+
+
+def test_default_split_counts_embedding_and_head_as_one_block_each():
+    # 4 blocks + 2 ends = 6 units over 2 stages: 3 each.
+    assert default_fqns(2, 4) == [
+        ["tok_embeddings", "layers.0", "layers.1"],
+        ["layers.2", "layers.3", "norm", "output"],
+    ]
+    # 7 units over 4 stages: the first 3 stages take one more (2, 2, 2, 1).
+    assert default_fqns(4, 5) == [
+        ["tok_embeddings", "layers.0"],
+        ["layers.1", "layers.2"],
+        ["layers.3", "layers.4"],
+        ["norm", "output"],
+    ]
+
+
+@pytest.mark.parametrize(
+    "schedule, rank, expected",
+    [
+        ("1F1B", 1, [1]),
+        ("Interleaved1F1B", 0, [0, 2]),  # looped
+        ("InterleavedZeroBubble", 1, [1, 3]),
+        ("ZBVZeroBubble", 0, [0, 3]),  # V: rank 0 holds the first and the last stage
+        ("ZBVZeroBubble", 1, [1, 2]),
+    ],
+)
+def test_stage_ids(schedule, rank, expected):
+    p = Parallelism(pipeline_parallel_degree=2, pipeline_parallel_schedule=schedule)
+    assert stage_ids(p, rank, len(plan_stages(p, 4))) == expected
+
+
+def test_layers_per_stage_and_explicit_split():
+    p = Parallelism(pipeline_parallel_degree=2, pipeline_parallel_layers_per_stage=2)
+    with pytest.raises(ValueError, match="'1F1B' needs 1 stage per rank"):  # 6 units: 3 stages
+        plan_stages(p, 4)
+    p.pipeline_parallel_schedule = "Interleaved1F1B"
+    assert len(plan_stages(p, 6)) == 4  # 8 units in stages of 2
+    fqns = [["tok_embeddings"], ["layers.0", "layers.1", "norm", "output"]]
+    assert plan_stages(Parallelism(pipeline_parallel_degree=2, module_fqns_per_model_part=fqns), 2)
+    bad = [["tok_embeddings", "layers.1"], ["layers.0", "norm", "output"]]
+    with pytest.raises(ValueError, match="in order"):
+        plan_stages(Parallelism(pipeline_parallel_degree=2, module_fqns_per_model_part=bad), 2)
+
+
+def test_stages_keep_their_modules_under_the_whole_models_names():
+    with torch.device("meta"):
+        model = Qwen3Model(qwen3_flavors["debugmodel"])
+    first, last = split_stages(model, default_fqns(2, 4), [0, 1])
+    assert last.tok_embeddings is None and first.norm is None and first.output is None
+    names = [n for part in (first, last) for n, _ in part.named_parameters()]
+    assert sorted(names) == sorted(n for n, _ in model.named_parameters(remove_duplicate=False))
+
+
+def test_parallel_dims_counts_pp():
+    pd = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, ep=1, world_size=8, tp=2, pp=2)
+    assert (pd.dp_shard, pd.dp) == (2, 2)
+    with pytest.raises(ParallelDimsError, match="pipeline_parallel_degree \\* data_parallel"):
+        ParallelDims(dp_replicate=1, dp_shard=2, cp=1, ep=1, world_size=2, pp=2)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--parallelism.pipeline_parallel_schedule", "GPipe"], "needs parallelism.pipeline_para"),
+        (PP2 + ["--parallelism.pipeline_parallel_microbatch_size", "3"], "multiple of"),
+        (PP2 + ["--parallelism.tensor_parallel_degree", "2"], "tensor_parallel_degree = 2 is not"),
+        (PP2 + ["--parallelism.context_parallel_degree", "2"], "context_parallel_degree = 2 is "),
+        (PP2 + ["--compile.enable", "true"], "with compile.enable = true is not supported yet"),
+        (PP2 + ["--lora.enable", "true"], "with lora.enable = true is not supported yet"),
+        (
+            PP2 + ["--validation.enable", "true", "--validation.dataset_path", "x.jsonl"],
+            "validation.enable = true is not supported",
+        ),
+        (
+            PP2
+            + ["--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble"]
+            + ["--checkpoint.enable", "true"],
+            "(several stages per rank) is not supported yet",
+        ),
+        (PP2 + ["--checkpoint.enable", "--checkpoint.create_seed_checkpoint"], "written by one"),
+    ],
+)
+def test_refusals_are_one_line(args, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(args)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (PP2, "ties the embedding and output weights"),
+        (PP2 + ["--model.flavor", "debugmodel_moe"], "with an MoE model"),
+    ],
+)
+def test_model_refusals(args, message):
+    with pytest.raises(ConfigError, match=message):
+        check_layout(load_config(args), 2)

@@ -1,0 +1,71 @@
+"""The config rules of pipeline parallel (parallelism.pipeline_parallel_*), run by load_config
+with the others (rules.py). The split against the model (stages per rank, tied embeddings, MoE)
+is checked by build.check_layout, where the flavor's sizes are known."""
+
+from torchtitan_ablate.config.dpo_config import dpo_enabled
+from torchtitan_ablate.config.job_config import JobConfig
+from torchtitan_ablate.config.require import at_least, require
+
+# Schedules that run several stages per rank: their model parts share one optimizer, which the
+# checkpoint's per-part optimizer state cannot hold yet.
+MULTI_STAGE = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+
+
+def check_pipeline_parallel(config: JobConfig) -> None:
+    """Ranges, settings that would be ignored without PP, and what PP does not combine with."""
+    p = config.parallelism
+    pp = p.pipeline_parallel_degree
+    at_least("parallelism.pipeline_parallel_degree", pp, 1, " (1 = off)")
+    mb = p.pipeline_parallel_microbatch_size
+    at_least("parallelism.pipeline_parallel_microbatch_size", mb, 1)
+    lps = p.pipeline_parallel_layers_per_stage
+    require(
+        lps is None or lps >= 1,
+        f"parallelism.pipeline_parallel_layers_per_stage = {lps}: >= 1 (or unset)",
+    )
+    if pp == 1:
+        settings = {
+            f"pipeline_parallel_schedule = {p.pipeline_parallel_schedule!r}": (
+                p.pipeline_parallel_schedule != "1F1B"
+            ),
+            f"pipeline_parallel_microbatch_size = {mb}": mb != 1,
+            f"pipeline_parallel_layers_per_stage = {lps}": lps is not None,
+            "module_fqns_per_model_part": p.module_fqns_per_model_part is not None,
+        }
+        for name, on in settings.items():
+            require(
+                not on,
+                f"parallelism.{name} needs parallelism.pipeline_parallel_degree > 1 (it is 1): "
+                "remove it or set the degree",
+            )
+        return
+    key = f"parallelism.pipeline_parallel_degree = {pp}"
+    batch = config.training.local_batch_size
+    require(
+        batch % mb == 0,
+        f"training.local_batch_size = {batch} must be a multiple of "
+        f"parallelism.pipeline_parallel_microbatch_size = {mb} (the pipeline's micro-batches)",
+    )
+    others = {
+        f"parallelism.context_parallel_degree = {p.context_parallel_degree}": (
+            p.context_parallel_degree > 1
+        ),
+        f"parallelism.expert_parallel_degree = {p.expert_parallel_degree}": (
+            p.expert_parallel_degree > 1
+        ),
+        f"parallelism.tensor_parallel_degree = {p.tensor_parallel_degree}": (
+            p.tensor_parallel_degree > 1
+        ),
+        "float8.enable = true": config.float8.enable,
+        "lora.enable = true": config.lora.enable,
+        "compile.enable = true": config.compile.enable,
+        "training.dataset = 'preference' (DPO)": dpo_enabled(config),
+        "validation.enable = true": config.validation.enable,
+        "memory_estimation.enable = true": config.memory_estimation.enable,
+        f"checkpoint.enable = true with pipeline_parallel_schedule = "
+        f"{p.pipeline_parallel_schedule!r} (several stages per rank)": (
+            config.checkpoint.enable and p.pipeline_parallel_schedule in MULTI_STAGE
+        ),
+    }
+    for name, on in others.items():
+        require(not on, f"{key} with {name} is not supported yet; use one or the other")

@@ -1,0 +1,124 @@
+"""Tensor parallel (TP) with sequence parallel for dense Qwen3, over the `tp` mesh.
+
+Layout per block (torchtitan's plan, Megatron-LM's scheme):
+- The residual stream between blocks is sequence-sharded: each tp rank holds [B, S / tp, D],
+  kept as a DTensor (Shard(1)) from the embedding to the final norm. Plain tensors there broke
+  the compiled blocks' backward (torch 2.13: the embedding's asynchronous reduce-scatter output,
+  handed to a compiled block as a plain tensor, came back with a plain gradient its DTensor
+  backward could not take).
+- attention_norm / ffn_norm (and the final norm) run on the sequence shard (SequenceParallel:
+  replicated weights). Each rank's gradient of such a weight covers only its own tokens (or
+  heads), which DTensor leaves as a pending sum (Partial); FSDP, always applied with TP,
+  sums it over tp before the optimizer and gradient clipping see it.
+- Attention: the normed input is all-gathered over the sequence, wq / wk / wv are split by
+  output columns (each rank computes H / tp query and J / tp kv heads), wo by input rows; its
+  partial sums are reduce-scattered back to the sequence shard. The attention core runs on the
+  rank's whole heads as plain tensors, so every backend (sdpa, flex, varlen, flash) works
+  unchanged. q_norm / k_norm normalise over head_dim within each head; they run as DTensors
+  sharded on the heads dim (SequenceParallel on dim 2), so their replicated weights receive the
+  sum of every rank's heads' gradients.
+- Dense MLP: gate / up split by columns, down by rows (same gather / reduce-scatter).
+- Embedding: split by vocabulary rows; each rank looks up the ids it holds and the partial rows
+  are reduce-scattered to the sequence shard.
+- Output head: sequence-parallel loss, not vocabulary-parallel ("loss parallel"). The head's
+  weight is split by vocabulary rows like the embedding (and is the embedding's when tied); at
+  the head it is all-gathered (its gradient reduce-scattered) and each rank computes the logits
+  and loss of its own S / tp tokens with whichever loss head the run uses (plain, chunked,
+  Liger, cut cross-entropy), which all take the hidden states and the whole weight. Logits per
+  rank are [B, S / tp, V], the same size as loss parallel's [B, S, V / tp]; the cost is the
+  transient whole [V, D] weight. So labels are sequence-sharded too (`tp_shard_labels`), the
+  loss sum is per rank, and the trainer sums it over the tp ranks with the dp / cp ones
+  (ParallelDims.loss_group).
+
+Shape legend: B batch, S sequence, D model dim, V vocabulary.
+"""
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+
+def gather_vocab_shards(weight_VD: torch.Tensor) -> torch.Tensor:
+    """The output head's whole weight from its vocabulary shards, as a plain tensor. Each rank's
+    gradient of it covers only its own tokens, so it is declared partial: the backward sums the
+    ranks' gradients while reduce-scattering them back to the shards."""
+    assert isinstance(weight_VD, DTensor), "apply_tp shards the output head's weight"
+    whole = weight_VD.redistribute(placements=[Replicate()])
+    return whole.to_local(grad_placements=[Partial()])
+
+
+def tp_shard_labels(labels_BS: torch.Tensor, tp_mesh: DeviceMesh) -> torch.Tensor:
+    """This tp rank's contiguous S / tp slice of the labels: the tokens its loss covers, the
+    same slice sequence parallel leaves it of the hidden states (Shard(1))."""
+    seq_len, tp = labels_BS.shape[1], tp_mesh.size()
+    # ParallelDims.check_model rejected a training.seq_len that tp does not divide.
+    assert seq_len % tp == 0, f"seq_len {seq_len} vs tensor_parallel_degree {tp}"
+    chunk = seq_len // tp
+    start = tp_mesh.get_local_rank() * chunk
+    return labels_BS[:, start : start + chunk]
+
+
+def _block_plan() -> dict:
+    """The plan of one dense transformer block (see the module docstring)."""
+    return {
+        "attention_norm": SequenceParallel(),
+        # (x, cos, sin, mask): only x is sharded; RoPE tables and mask cover the whole sequence.
+        "attention": PrepareModuleInput(
+            input_layouts=(Shard(1), None, None, None),
+            desired_input_layouts=(Replicate(), None, None, None),
+        ),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        # [B, S, heads / tp, K]: the per-head norms see the rank's heads as a Shard(2) DTensor.
+        "attention.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+        "attention.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+        ),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w3": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+    }
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Shards a dense Qwen3 model (meta device is fine) over `tp_mesh` in place.
+
+    Call before CP, AC, compile and FSDP (parallelize_qwen3's order): FSDP then shards the
+    tp-local parameters over the dp ranks (a 2-D layout). The batch's labels must be sliced with
+    `tp_shard_labels`; input ids, positions and document ids stay whole on every tp rank.
+    """
+    assert not model.moe_layers(), "config rules refuse MoE x tensor parallel"
+    parallelize_module(
+        model,
+        tp_mesh,
+        {
+            "tok_embeddings": RowwiseParallel(
+                input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
+            ),
+            # Plain [B, S / tp, D] out: the output head computes this rank's tokens only.
+            "norm": SequenceParallel(use_local_output=True),
+        },
+    )
+    output = model.output
+    if model.args.tie_embeddings:
+        # parallelize_module replaced the embedding's Parameter with a sharded one: re-tie.
+        output.weight = model.tok_embeddings.weight
+    else:
+        # src_data_rank=None: each rank slices its own (meta) copy, no scatter.
+        sharded = distribute_tensor(output.weight, tp_mesh, [Shard(0)], src_data_rank=None)
+        output.weight = nn.Parameter(sharded)
+    output.weight_fn = gather_vocab_shards
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, _block_plan())
