@@ -44,13 +44,6 @@ def prepare_config(config: JobConfig, target: str) -> tuple[JobConfig, list[str]
         raise ConfigError(
             "parallelism.fsdp_cpu_offload = true is not supported by the memory estimator"
         )
-    tp = cfg.parallelism.tensor_parallel_degree
-    if tp > 1:
-        # Sequence-parallel activations and the TP collectives' buffers are not modelled yet.
-        raise ConfigError(
-            f"parallelism.tensor_parallel_degree = {tp} is not supported by the memory "
-            "estimator yet"
-        )
     if cfg.model.attn_backend not in ("sdpa", "auto") and target == "cpu":
         raise ConfigError(
             f"model.attn_backend = {cfg.model.attn_backend!r}: the CPU estimate (validation) "

@@ -131,10 +131,6 @@ def test_bad_input_is_one_line_exit_2():
     "extra, needle",
     [
         (["--parallelism.fsdp_cpu_offload", "true"], "fsdp_cpu_offload"),
-        (
-            ["--parallelism.tensor_parallel_degree", "2"],
-            "tensor_parallel_degree = 2 is not supported by the memory estimator yet",
-        ),
     ],
 )
 def test_unsupported_option_is_a_config_error(extra, needle):
@@ -151,8 +147,9 @@ TOKENS = ["--parallelism.expert_parallel_dispatch", "tokens"]
         (DENSE, []),
         (MOE, ["--parallelism.expert_parallel_degree", "2"]),
         (MOE, ["--parallelism.expert_parallel_degree", "2", *TOKENS]),
+        (DENSE, ["--parallelism.tensor_parallel_degree", "2"]),
     ],
-    ids=["fsdp2_dense", "ep2_moe", "ep2_moe_tokens"],
+    ids=["fsdp2_dense", "ep2_moe", "ep2_moe_tokens", "tp2_dense"],
 )
 def test_estimate_matches_real_cpu_ranks(base, extra):
     config = _config(base, 2, *extra)
