@@ -1,6 +1,7 @@
 """Suite-wide settings: one CPU thread per process, and the expected duration, said when the
 run starts."""
 
+import logging
 import os
 
 import pytest
@@ -15,6 +16,18 @@ os.environ["OMP_NUM_THREADS"] = "1"
 # jobs running beside it (dev/LOG.md has the runs).
 FULL_SUITE_MINUTES = 25
 FULL_SUITE_TESTS = 1650
+
+
+@pytest.fixture(autouse=True)
+def _package_log_level():
+    """Each test leaves the package's logger at the level it found. estimate_main quiets it to
+    WARNING in its process (the CLI's behaviour), and a test that ran it in-process silenced the
+    INFO lines that later tests read through caplog: under pytest-xdist the order of the tests
+    on a worker differs from one run to the next."""
+    log = logging.getLogger("torchtitan_ablate")
+    level = log.level
+    yield
+    log.setLevel(level)
 
 
 def _say_expected_duration(config: pytest.Config, selected: int, after: bool = False) -> None:
