@@ -3,7 +3,7 @@
 # EXTRAS=dev also installs the test tools.
 _root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 _mods="torch, torchdata, tiktoken, sentencepiece, safetensors"
-[ "${EXTRAS:-}" = "dev" ] && _mods="$_mods, pytest, transformers"
+[ "${EXTRAS:-}" = "dev" ] && _mods="$_mods, pytest, xdist, transformers"
 
 # The import check costs a torch import (~3 s a launch): .venv's python passes it once after each
 # install, and a stamp newer than pyproject.toml stands for it after that (dev covers the base).
