@@ -25,8 +25,6 @@ import json
 import os
 import sys
 import time
-import traceback
-import warnings
 from typing import Any
 
 from torchtitan_ablate.components.text.bench_corpus import DEFAULT_OUT, with_corpus
@@ -63,6 +61,7 @@ from torch.profiler import ProfilerActivity, profile
 from torchtitan_ablate.build import build_data, build_layout, build_run
 from torchtitan_ablate.components.observability.comm_profile import exposed_and_idle, is_gpu_kernel
 from torchtitan_ablate.components.observability.metrics import device_peak_tflops
+from torchtitan_ablate.components.observability.profiling import print_sync_sites
 from torchtitan_ablate.config import JobConfig, exit_on_config_error, load_config
 from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.library_warnings import filter_library_warnings
@@ -202,36 +201,13 @@ def profile_engine(
     syncs = {a.key: a.count / 2 for a in ops if a.key in SYNC_EVENTS}
     print(f"host syncs per step: {syncs or 'none'}")
     if device.type == "cuda":
-        _print_sync_sites(step_fn, batches[0])
+        print_sync_sites(step_fn, batches[0])
     return {
         "wall_ms_per_step": wall_us / 2e3,
         "gpu_busy_frac": busy / wall_us,
         "exposed_collectives_ms_per_step": exposed / 2e3,
         "ms_per_step_by_class": {k: v / 2e3 for k, v in by_class.items()},
     }
-
-
-def _print_sync_sites(step_fn, batch) -> None:
-    """One step under CUDA's sync debug mode: where each host sync comes from (the Python
-    frames that made it, innermost last), with counts."""
-    sites: dict[str, int] = {}
-
-    def record(message, category, filename, lineno, file=None, line=None):
-        frames = traceback.extract_stack()[:-1]
-        frames = [f for f in frames if "warnings" not in f.filename][-5:]
-        key = " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in reversed(frames))
-        sites[key] = sites.get(key, 0) + 1
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = record
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            step_fn(batch)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    for key, n in sorted(sites.items(), key=lambda kv: -kv[1]):
-        print(f"sync x{n}: {key}")
 
 
 def bench_hf(

@@ -4,6 +4,9 @@ Perfetto or chrome://tracing)."""
 
 import logging
 import os
+import traceback
+import warnings
+from collections.abc import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
@@ -57,3 +60,26 @@ class TraceProfiler:
         if self.enabled:
             self.prof.__exit__(None, None, None)
             self.enabled = False
+
+
+def print_sync_sites(step_fn: Callable, batch) -> None:
+    """One step under CUDA's sync debug mode: where each host sync comes from (the Python
+    frames that made it, innermost last), with counts."""
+    sites: dict[str, int] = {}
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = traceback.extract_stack()[:-1]
+        frames = [f for f in frames if "warnings" not in f.filename][-5:]
+        key = " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in reversed(frames))
+        sites[key] = sites.get(key, 0) + 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step_fn(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for key, n in sorted(sites.items(), key=lambda kv: -kv[1]):
+        print(f"sync x{n}: {key}")
