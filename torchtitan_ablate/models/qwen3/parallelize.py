@@ -21,8 +21,9 @@ PP. pipeline parallel before everything: it cuts the model into this rank's stag
 3. expert parallel: installs token dispatch/combine around the routed experts.
 4. context parallel: wraps attention so it sees every key/value of the sharded sequence.
 5. activation checkpointing: wraps whole blocks, so it goes after the modules inside them.
-6. torch.compile per block: after AC (the checkpoint is compiled with the block) and before
-   FSDP, so FSDP's hooks stay outside the compiled graphs.
+6. torch.compile per block: after AC (the checkpoint is compiled with the block; MoE blocks,
+   whose graphs break, are compiled inside it) and before FSDP, so FSDP's hooks stay outside
+   the compiled graphs.
 7. FSDP2 / HSDP last: it shards whatever parameters the steps above left in place.
 """
 
@@ -170,8 +171,10 @@ def _parallelize_part(
         logger.info(f"activation checkpointing: {ac.mode}{option}")
 
     if compiles(job_config.compile, "model"):
-        # MoE blocks read token counts on the host in the CPU expert loop: allow graph breaks.
-        apply_compile(model, fullgraph=not model.args.num_experts, backend=compile_backend)
+        # MoE blocks read token counts on the host (expert parallel's split sizes, the CPU
+        # expert loop): graph breaks allowed, and compiled inside a whole-block checkpoint.
+        op_policy = ac.mode == "selective" and ac.selective_ac_option == "op"
+        apply_compile(model, not model.args.num_experts, compile_backend, op_policy=op_policy)
         logger.info("torch.compile per transformer block")
 
     plan = None
