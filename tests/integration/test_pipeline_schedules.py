@@ -5,8 +5,9 @@ test_parallel_equivalence); a PP 2 checkpoint resumes at PP 2 and on one process
 The debug model is untied here (PP refuses tied embeddings) and narrowed (dim 64): a broken
 schedule's gradients or updates still move the weights far past 1e-4, in a third of the time.
 Three process groups in all, each training several configs in turn (a spawn and its first
-step cost more than the training): 2 ranks (every schedule, then the PP 2 checkpoint run and
-its PP 2 resume), 1 rank (the reference, then the one-process resume), 4 ranks (PP 2 x FSDP 2).
+step cost more than the training): 2 ranks (every schedule, 1F1B with compiled blocks, then the
+PP 2 checkpoint run and its PP 2 resume), 1 rank (the reference, then the one-process
+resume), 4 ranks (PP 2 x FSDP 2).
 """
 
 import os
@@ -63,8 +64,9 @@ def pp2(root) -> list[dict]:
     cases: list[Case] = [
         (s, ARGS + PP2 + MICRO2 + [P + "pipeline_parallel_schedule", s], None) for s in SCHEDULES
     ]
+    cases += [("compiled", ARGS + PP2 + MICRO2 + ["--compile.enable"], None)]
     cases += [("ckpt", CKPT + PP2, None), ("ckpt_pp2", CKPT + PP2, "ckpt")]
-    return run_distributed(_runs, 2, root, cases, timeout_s=300)
+    return run_distributed(_runs, 2, root, cases, timeout_s=420)
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +80,12 @@ def one(root, pp2) -> dict:
 def test_pp2_schedule_matches_single_process(pp2, one, schedule):
     assert pp2[0][schedule]["losses"] == pp2[1][schedule]["losses"]  # both log the last stage's
     assert_same_training(pp2[0][schedule], one["reference"])
+
+
+def test_pp2_with_compiled_blocks_matches_single_process(pp2, one):
+    # Each part's blocks compiled (1F1B): Inductor reorders float math, so compile's tolerances
+    # (test_compile.py): close, not bit-equal.
+    assert_same_training(pp2[0]["compiled"], one["reference"], loss_rtol=1e-4, atol=1e-3)
 
 
 def test_pp2_fsdp2_matches_single_process(root, one):

@@ -58,7 +58,6 @@ def check_pipeline_parallel(config: JobConfig) -> None:
         ),
         "float8.enable = true": config.float8.enable,
         "lora.enable = true": config.lora.enable,
-        "compile.enable = true": config.compile.enable,
         "training.dataset = 'preference' (DPO)": dpo_enabled(config),
         "validation.enable = true": config.validation.enable,
         "memory_estimation.enable = true": config.memory_estimation.enable,

@@ -85,7 +85,6 @@ def test_parallel_dims_counts_pp():
         (PP2 + ["--parallelism.pipeline_parallel_microbatch_size", "3"], "multiple of"),
         (PP2 + ["--parallelism.tensor_parallel_degree", "2"], "tensor_parallel_degree = 2 is not"),
         (PP2 + ["--parallelism.context_parallel_degree", "2"], "context_parallel_degree = 2 is "),
-        (PP2 + ["--compile.enable", "true"], "with compile.enable = true is not supported yet"),
         (PP2 + ["--lora.enable", "true"], "with lora.enable = true is not supported yet"),
         (
             PP2 + ["--validation.enable", "true", "--validation.dataset_path", "x.jsonl"],
