@@ -5,7 +5,7 @@ numbers as the uncompiled model."""
 import pytest
 import torch
 
-from tests.unit.models.test_param_init import MOE, initialised, meta_model
+from tests.helpers.tiny_qwen3 import MOE, initialised, meta_model
 from torchtitan_ablate.components.compile import apply_compile
 from torchtitan_ablate.distributed.activation_checkpoint import apply_ac
 from torchtitan_ablate.models.common.init import canonical_name
