@@ -30,6 +30,13 @@ def _package_log_level():
     log.setLevel(level)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Multi-process and long tests first (stable: a module's tests stay together): pytest-xdist
+    # then ends the run on short tests that the idle worker steals, instead of one worker
+    # finishing a two-minute test alone at the end.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def _say_expected_duration(config: pytest.Config, selected: int, after: bool = False) -> None:
     # A newcomer cannot tell a slow suite from a hung one: say what to expect. Multi-rank tests
     # print nothing while their ranks run (up to about half a minute each on 2 cores).
