@@ -13,9 +13,8 @@ from dataclasses import replace
 
 import pytest
 
-from tests.helpers import parallel_harness
 from tests.helpers.distributed import run_distributed
-from tests.helpers.parallel_harness import assert_same_training, full_params
+from tests.helpers.parallel_harness import assert_same_training, train_layout
 from torchtitan_ablate.models.qwen3 import qwen3_flavors
 
 pytestmark = pytest.mark.slow
@@ -27,25 +26,14 @@ ARGS = [
     "--model.moe_aux_loss_coef", "0", "--model.moe_bias_update_rate", "1e-3",
 ]  # fmt: skip
 PP2 = [P + "pipeline_parallel_degree", "2", P + "pipeline_parallel_microbatch_size", "2"]
-SCHEDULES = ("1F1B",)
+SCHEDULES = ("1F1B", "ZBVZeroBubble")
 
 
 def _runs(root: str, cases: list[tuple[str, list[str]]]) -> dict:
     moe = qwen3_flavors["debugmodel_moe"]
     narrow = dict(dim=64, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128, moe_hidden_dim=32)
     qwen3_flavors["debugmodel_moe"] = replace(moe, tie_embeddings=False, **narrow)
-    out = {}
-    for name, args in cases:
-        parallel_harness.build.build_dataloader = parallel_harness._build_global_slicing_loader
-        trainer = parallel_harness.build_trainer(os.path.join(root, name), args)
-        trainer.dataloader.batches_done = lambda t=trainer: t.step * t.grad_accum
-        records = trainer.train()
-        out[name] = {
-            "losses": [r["loss"] for r in records],
-            "load": [r["expert_load_max_over_mean"] for r in records],
-            "params": full_params(trainer),
-        }
-    return out
+    return {name: train_layout(os.path.join(root, name), args) for name, args in cases}
 
 
 @pytest.fixture(scope="module")

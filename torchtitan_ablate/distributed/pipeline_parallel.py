@@ -219,11 +219,11 @@ class ActivationMeta:
 def _stage_meta(i: int, stages: int, meta: ActivationMeta | None) -> dict:
     if meta is None:
         return {}
-    hidden = torch.empty(
-        meta.microbatch_size, meta.seq_len, meta.dim, dtype=meta.dtype, device="meta"
-    )
+    shape = (meta.microbatch_size, meta.seq_len, meta.dim)
+    # Hidden states carry gradients back across the boundary: marked as needing them.
+    hidden = torch.empty(shape, dtype=meta.dtype, device="meta", requires_grad=True)
     tokens = torch.empty(meta.microbatch_size, meta.seq_len, dtype=torch.long, device="meta")
-    loss = torch.empty((), dtype=torch.float32, device="meta")
+    loss = torch.empty((), dtype=torch.float32, device="meta", requires_grad=True)
     first, last = i == 0, i == stages - 1
     return {
         "input_args": tokens if first else hidden,
