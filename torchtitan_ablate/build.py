@@ -40,9 +40,13 @@ from torchtitan_ablate.components.text.tokenizer import Tokenizer, build_tokeniz
 from torchtitan_ablate.config import ConfigError, JobConfig
 from torchtitan_ablate.config.derived import compiles, resolved_loss_impl
 from torchtitan_ablate.config.dpo_config import dpo_enabled
-from torchtitan_ablate.distributed.fsdp import AccumulationPlan
+from torchtitan_ablate.distributed.fsdp import AccumulationPlan, param_dtype
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
-from torchtitan_ablate.distributed.pipeline_parallel import Pipeline, build_pipeline
+from torchtitan_ablate.distributed.pipeline_parallel import (
+    ActivationMeta,
+    Pipeline,
+    build_pipeline,
+)
 from torchtitan_ablate.layout import Layout, check_layout
 from torchtitan_ablate.models.common import attention
 from torchtitan_ablate.models.common.init import ParamInit
@@ -261,8 +265,15 @@ def build_run(
     if pd.pp_enabled:
         head = build_loss_head(config, options)
         n_layers, batch = layout.model_args.n_layers, config.training.local_batch_size
+        meta = None
+        if layout.model_args.num_experts:  # MoE: no inference forward in the expert load
+            mb, dtype = (
+                config.parallelism.pipeline_parallel_microbatch_size,
+                param_dtype(config.training, device.type),
+            )
+            meta = ActivationMeta(mb, config.training.seq_len, layout.model_args.dim, dtype)
         loss["pipeline"] = build_pipeline(
-            parts, config.parallelism, n_layers, batch, pd.mesh("pp"), device, head
+            parts, config.parallelism, n_layers, batch, pd.mesh("pp"), device, head, meta
         )
     return Run(
         parallel_dims=layout.parallel_dims,

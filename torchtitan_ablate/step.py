@@ -13,6 +13,7 @@ from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.distributed.context_parallel import place_micro_batch
 from torchtitan_ablate.distributed.fsdp import before_micro_batch
 from torchtitan_ablate.distributed.pipeline_parallel import pipeline_forward_backward
+from torchtitan_ablate.models.rank_moe import RankMoE
 
 
 def next_micro_batches(
@@ -50,17 +51,26 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
     # brings that count and the token count.
     counts = sum(torch.stack([num_valid_tokens(b["labels"]), run.loss_count(b)]) for b in batches)
     global_tokens, global_count = dist_utils.all_reduce_sum(counts.float(), loss_group)
-    # Gradients are summed over dp*cp ranks, so the per-rank aux losses are averaged here.
-    aux_scale = 1.0 / (len(batches) * pd.dp * pd.cp)
-    model.set_moe_aux_loss_scale(aux_scale)
+    # Gradients are summed over dp*cp ranks and over the forwards of a step (micro-batches,
+    # and the pipeline's within each), so the per-forward aux losses are averaged here.
+    moe = RankMoE(run.model_parts)
+    forwards = len(batches) * (run.pipeline.n_microbatches if run.pipeline is not None else 1)
+    aux_scale = 1.0 / (forwards * pd.dp * pd.cp)
+    moe.set_aux_loss_scale(aux_scale)
     ce_total = torch.zeros((), device=device)
     aux_total = torch.zeros((), device=device)
     balance_bias = model.args.num_experts > 0 and model.args.moe_bias_update_rate > 0
-    load_before = model.expert_load().clone() if balance_bias else None
+    load = moe.expert_load() if balance_bias else None  # None on a stage without MoE layers
+    load_before = load.clone() if load is not None else None
     metrics: dict[str, torch.Tensor] = {}
     for i, batch in enumerate(batches):
         if run.pipeline is not None:  # the schedule runs the batch's micro-batches and backward
             ce_total += pipeline_forward_backward(run.pipeline, batch, global_count)
+            # Logged: each layer keeps its last forward's aux loss, the batch's last
+            # micro-batch's here, standing for the batch's (the gradient has them all).
+            aux = moe.aux_loss()
+            if aux is not None:
+                aux_total += aux * aux_scale * run.pipeline.n_microbatches
             continue
         before_micro_batch(model, run.accumulation, i, len(batches))
         loss = run.loss_fn(model, batch)
@@ -70,7 +80,7 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
         ce_total += ce.detach()
         for name, value in loss_metrics.items():
             metrics[name] = metrics.get(name, 0) + value / global_count
-        aux = model.moe_aux_loss()  # logged only: its gradient rides on each MoE output
+        aux = moe.aux_loss()  # logged only: its gradient rides on each MoE output
         if aux is not None:
             aux_total += aux * aux_scale
     params = [p for part in run.model_parts for p in part.parameters() if p.requires_grad]
@@ -87,10 +97,10 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
     run.optimizer.zero_grad(set_to_none=True)
     # The schedule follows the step number, updated or not (a resume restores only the step).
     run.lr_scheduler.step()
-    if balance_bias and nonfinite is None:
+    if load_before is not None and nonfinite is None:
         # This step's global expert load, so every rank moves its bias the same way.
-        step_load = dist_utils.all_reduce_sum(model.expert_load() - load_before, loss_group)
-        model.update_expert_bias(step_load)
+        step_load = dist_utils.all_reduce_sum(moe.expert_load() - load_before, loss_group)
+        moe.update_expert_bias(step_load)
     out = {"loss": ce_total, "grad_norm": grad_norm, "nonfinite": nonfinite, "tokens": tokens}
     out["loss_metrics"] = metrics
     if model.args.num_experts:

@@ -48,6 +48,7 @@ from torchtitan_ablate.config import JobConfig, check_dump_folder, run_main, wri
 from torchtitan_ablate.config.dpo_config import DPO_FLOPS_FACTOR, dpo_enabled
 from torchtitan_ablate.config.errors import report
 from torchtitan_ablate.distributed import utils as dist_utils
+from torchtitan_ablate.models.rank_moe import RankMoE
 from torchtitan_ablate.seed_checkpoint import create_seed_checkpoint
 from torchtitan_ablate.step import next_micro_batches, train_step
 
@@ -267,7 +268,9 @@ class Trainer:
             sums = torch.stack([out["loss_metrics"][k] for k in names])
             values.update(zip(names, dist_utils.all_reduce_sum(sums, group).tolist()))
         if "moe_aux_loss" in out:
-            values.update(moe_step_metrics(self.model, out["moe_aux_loss"], group))
+            moe, pp_group = RankMoE(self.run.model_parts), self.parallel_dims.pp_group()
+            args = self.model.args
+            values.update(moe_step_metrics(moe, args, out["moe_aux_loss"], group, pp_group))
         return values
 
     def _count_nonfinite(self, nonfinite: str | None) -> None:

@@ -79,11 +79,6 @@ class ParallelDims:
                 f"training.seq_len = {seq_len} must be divisible by 2 * context_parallel_degree "
                 f"= {2 * self.cp} (head-tail load balancing splits it into 2 * cp chunks)"
             )
-        if self.pp > 1 and num_experts:
-            raise ParallelDimsError(
-                f"pipeline_parallel_degree = {self.pp} with an MoE model (num_experts = "
-                f"{num_experts}) is not supported yet; use expert_parallel_degree and FSDP"
-            )
         if self.tp == 1:
             return
         key = f"tensor_parallel_degree = {self.tp}"

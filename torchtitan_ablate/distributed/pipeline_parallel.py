@@ -1,4 +1,4 @@
-"""Pipeline parallel (PP) for dense Qwen3 through torch.distributed.pipelining, over the `pp` mesh.
+"""Pipeline parallel (PP) for Qwen3 through torch.distributed.pipelining, over the `pp` mesh.
 
 Stages: the model, built whole on the meta device, is cut into stages (`split_stages`). Each
 stage is a copy of the model that keeps its own blocks, plus tok_embeddings (first stage) or
@@ -168,6 +168,8 @@ class Pipeline:
     has_first: bool
     has_last: bool
     pp_mesh: DeviceMesh
+    n_microbatches: int
+    """Micro-batches per loader batch: forwards of each stage per batch."""
 
 
 def build_pipeline(
@@ -178,13 +180,17 @@ def build_pipeline(
     pp_mesh: DeviceMesh,
     device: torch.device,
     loss_head: LossHead,
+    meta: "ActivationMeta | None" = None,
 ) -> Pipeline:
-    """The schedule over this rank's (parallelized, materialized) stages."""
+    """The schedule over this rank's (parallelized, materialized) stages. meta: the
+    micro-batches' shapes, given to the stages so they infer nothing at the first step (MoE:
+    the inference forward's routing would enter the expert load); None: inferred."""
     stages = num_stages(p, n_layers)
     ids = stage_ids(p, pp_mesh.get_local_rank(), stages)
     group = pp_mesh.get_group()
     pipeline_stages = [
-        PipelineStage(part, i, stages, device, group=group) for part, i in zip(parts, ids)
+        PipelineStage(part, i, stages, device, group=group, **_stage_meta(i, stages, meta))
+        for part, i in zip(parts, ids)
     ]
     cls = get_schedule_class(p.pipeline_parallel_schedule)
     loss = _ScaledLoss()
@@ -196,7 +202,36 @@ def build_pipeline(
         loss_fn=loss,
         scale_grads=False,
     )
-    return Pipeline(schedule, loss, loss_head, 0 in ids, stages - 1 in ids, pp_mesh)
+    return Pipeline(schedule, loss, loss_head, 0 in ids, stages - 1 in ids, pp_mesh, n_micro)
+
+
+@dataclass
+class ActivationMeta:
+    """What crosses a stage boundary: token ids [mb, seq] into the first stage, hidden states
+    [mb, seq, dim] of `dtype` between stages, the scalar loss sum out of the last."""
+
+    microbatch_size: int
+    seq_len: int
+    dim: int
+    dtype: torch.dtype
+
+
+def _stage_meta(i: int, stages: int, meta: ActivationMeta | None) -> dict:
+    if meta is None:
+        return {}
+    shape = (meta.microbatch_size, meta.seq_len, meta.dim)
+    # Hidden states carry gradients back across the boundary: marked as needing them.
+    hidden = torch.empty(shape, dtype=meta.dtype, device="meta", requires_grad=True)
+    tokens = torch.empty(meta.microbatch_size, meta.seq_len, dtype=torch.long, device="meta")
+    loss = torch.empty((), dtype=torch.float32, device="meta", requires_grad=True)
+    first, last = i == 0, i == stages - 1
+    return {
+        "input_args": tokens if first else hidden,
+        "output_args": loss if last else hidden,
+        # The gradients that cross the boundaries: none into the token ids or the loss.
+        "input_grads": (None,) if first else hidden,
+        "output_grads": (None,) if last else hidden,
+    }
 
 
 def pipeline_forward_backward(pipe: Pipeline, batch: dict, count: torch.Tensor) -> torch.Tensor:

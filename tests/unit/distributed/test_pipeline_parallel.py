@@ -109,7 +109,6 @@ def test_refusals_are_one_line(args, message):
     "args, message",
     [
         (PP2, "ties the embedding and output weights"),
-        (PP2 + ["--model.flavor", "debugmodel_moe"], "with an MoE model"),
     ],
 )
 def test_model_refusals(args, message):

@@ -205,6 +205,11 @@ class Qwen3Model(nn.Module):
     def moe_layers(self) -> list[MoE]:
         return [block.moe for block in self.layers.values() if block.moe is not None]
 
+    def moe_layer_ids(self) -> list[int]:
+        """Indices in the whole model of the MoE layers this model (or pipeline stage) holds,
+        in the order of moe_layers() and expert_load()'s rows."""
+        return [int(name) for name, block in self.layers.items() if block.moe is not None]
+
     def moe_aux_loss(self) -> torch.Tensor | None:
         """Sum over MoE layers of the last forward's coefficient-scaled aux loss (detached, for
         logging; its gradient reaches the routers through each layer's output), or None."""
