@@ -47,8 +47,8 @@ class Parallelism:
     pipeline_parallel_degree: int = 1
     """Ranks the layers are split over (pipeline parallel, the outermost mesh dimension); 1 =
     off. Each rank holds one or more model parts: consecutive blocks, the
-    first part also the embedding, the last the final norm and output head. Dense models with
-    untied embeddings only (8B and larger flavors)."""
+    first part also the embedding, the last the final norm and output head. Models with untied
+    embeddings only (8B and larger flavors, 30B-A3B); MoE without expert parallel."""
 
     pipeline_parallel_schedule: Literal[
         "1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"
