@@ -9,11 +9,11 @@ from torchtitan_ablate.build import Run
 from torchtitan_ablate.components.objective.finite import nonfinite_step_values
 from torchtitan_ablate.components.objective.loss import num_valid_tokens
 from torchtitan_ablate.components.quantization.float8 import float8_post_optimizer_step
+from torchtitan_ablate.components.rank_moe import RankMoE
 from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.distributed.context_parallel import place_micro_batch
 from torchtitan_ablate.distributed.fsdp import before_micro_batch
 from torchtitan_ablate.distributed.pipeline_parallel import pipeline_forward_backward
-from torchtitan_ablate.models.rank_moe import RankMoE
 
 
 def next_micro_batches(

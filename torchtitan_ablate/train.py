@@ -44,11 +44,11 @@ from torchtitan_ablate.components.observability.profiling import TraceProfiler
 from torchtitan_ablate.components.observability.throughput_stop import throughput_measured
 from torchtitan_ablate.components.observability.trackers import check_trackers
 from torchtitan_ablate.components.preemption import Preemption
+from torchtitan_ablate.components.rank_moe import RankMoE
 from torchtitan_ablate.config import JobConfig, check_dump_folder, run_main, write_config
 from torchtitan_ablate.config.dpo_config import DPO_FLOPS_FACTOR, dpo_enabled
 from torchtitan_ablate.config.errors import report
 from torchtitan_ablate.distributed import utils as dist_utils
-from torchtitan_ablate.models.rank_moe import RankMoE
 from torchtitan_ablate.seed_checkpoint import create_seed_checkpoint
 from torchtitan_ablate.step import next_micro_batches, train_step
 

@@ -10,7 +10,7 @@ The contract a family meets, beyond the fields below:
   `layers` (an nn.ModuleDict of blocks: what activation checkpointing, compile and FSDP wrap),
   `norm` and `output` (an OutputHead); fills itself in `init_weights(buffer_device, init)`;
   runs `forward(tokens, positions, document_ids, labels_BS=None, loss_head=None)`; and has the
-  MoE hooks the train step calls through models/rank_moe.py (`set_moe_aux_loss_scale`,
+  MoE hooks the train step calls through components/rank_moe.py (`set_moe_aux_loss_scale`,
   `moe_aux_loss`; for MoE also `expert_load`, `reset_expert_load`, `update_expert_bias` and
   `moe_layer_ids`, the whole-model indices of the layers a pipeline stage holds).
 - Its `parallelize(model, parallel_dims, job_config, device_type, compile_backend)` applies the

@@ -2,8 +2,8 @@
 
 import torch
 
+from torchtitan_ablate.components.rank_moe import RankMoE
 from torchtitan_ablate.distributed import utils as dist_utils
-from torchtitan_ablate.models.rank_moe import RankMoE
 
 
 def moe_step_metrics(
