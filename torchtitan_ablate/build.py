@@ -267,11 +267,12 @@ def build_run(
         n_layers, batch = layout.model_args.n_layers, config.training.local_batch_size
         meta = None
         if layout.model_args.num_experts:  # MoE: no inference forward in the expert load
-            mb, dtype = (
+            meta = ActivationMeta(
                 config.parallelism.pipeline_parallel_microbatch_size,
+                config.training.seq_len,
+                layout.model_args.dim,
                 param_dtype(config.training, device.type),
             )
-            meta = ActivationMeta(mb, config.training.seq_len, layout.model_args.dim, dtype)
         loss["pipeline"] = build_pipeline(
             parts, config.parallelism, n_layers, batch, pd.mesh("pp"), device, head, meta
         )
