@@ -14,10 +14,11 @@ the one-GPU run's (scripts/compare_runs.py). Exit 1 if a run failed or left --rt
 
 Layouts at each world size W: FSDP W, FSDP W in ZeRO-2 mode (reshard never), replicate W,
 CP 2 x FSDP W/2, FSDP W with full activation checkpointing, TP 2 x FSDP W/2, MoE with EP W; at
-W = 4 also HSDP 2x2 and HSDP 2x2 x EP 2. Pipeline parallel needs untied embeddings and no
-compile: PP 2 (1F1B) and PP 2 x FSDP W/2 (GPipe at W = 4) train the 8B flavor cut to
+W = 4 also HSDP 2x2 and HSDP 2x2 x EP 2. Pipeline parallel needs untied embeddings: PP 2
+(1F1B, eager and compiled) and PP 2 x FSDP W/2 (GPipe at W = 4) train the 8B flavor cut to
 --dense-layers blocks, against a one-GPU run of that model without compile (not with --cpu:
-the debug flavors tie their embeddings).
+the debug flavors tie their embeddings); at W = 2 the MoE model also trains with PP 2 (1F1B),
+against the MoE one-GPU run (its aux loss is each micro-batch's: a small difference).
 
 Writes OUT/<run>/ (metrics.jsonl, config.toml), OUT/<run>.log, and the verdict tables
 OUT/compare_dense.md, OUT/compare_moe.md and OUT/compare_pp.md.
@@ -91,7 +92,7 @@ moe=(--job.config_file train_configs/qwen3_moe_1gpu.toml --model.flavor "$moe_fl
 common=(--training.steps "$steps" --training.global_batch_size "$gbs"
         --training.local_batch_size 1 --training.data_sharding rows --metrics.log_freq 1
         --lr_scheduler.warmup_steps 5 --checkpoint.enable false --training.loss_chunk_size 0)
-# PP refuses tied embeddings (0.6B ties them) and compile: its runs train the untied 8B shapes.
+# PP refuses tied embeddings (0.6B ties them): its runs train the untied 8B shapes.
 untied=(--job.config_file train_configs/qwen3_0.6b.toml --model.flavor 8B
         --model.n_layers "$dense_layers" --training.seq_len "$seq" --compile.enable false)
 P=--parallelism
@@ -136,6 +137,8 @@ for w in $worlds; do
   pp=($P.pipeline_parallel_degree 2 --training.local_batch_size 4)
   if [ "$w" = 2 ]; then
     train pp2 2 untied "${pp[@]}"
+    train pp2_compiled 2 untied "${pp[@]}" --compile.enable true
+    train moe_pp2 2 moe "${pp[@]}"  # 30B-A3B's shapes are untied; compiled, aux loss on
   else
     train "pp2_fsdp$((w / 2))_gpipe" "$w" untied "${pp[@]}" $P.pipeline_parallel_schedule GPipe
   fi

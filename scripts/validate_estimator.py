@@ -10,7 +10,9 @@ each; the error is against the largest rank's peak; every rank's figure is print
 --out DIR also writes the table as markdown to DIR/estimator_validation_wN.md, rewritten after
 each row (each row is printed as soon as it is measured).
 Without CUDA: the estimator's CPU estimate (`estimate(config, target="cpu")`) against the same
-tracker on real tensors in `--world_size` gloo processes (default 2; rank 0's peak).
+tracker on real tensors in `--world_size` gloo processes (default 2; the busiest rank's peak:
+rank 0, or with pipeline parallel the pipeline rank the estimate names; with pipeline parallel
+each pipeline rank's prediction is printed too).
 Each config is a TOML path followed by optional --section.key value overrides, in one string.
 """
 
@@ -60,7 +62,9 @@ def main() -> int:
         config = load_config([*argv, "--memory_estimation.world_size", str(world_size)])
         compiled = "yes" if config.compile.enable else "no"
         if cuda:
-            predicted = estimate(config)["peak_bytes"]
+            est = estimate(config)
+            predicted = est["peak_bytes"]
+            _print_pipeline_ranks(est)
             leftover = torch.cuda.memory_allocated()
             try:
                 per_rank = measure_cuda(config, world_size)
@@ -76,9 +80,11 @@ def main() -> int:
             if leftover:
                 print(f"  ({leftover / GIB:.2f} GiB still allocated before this measurement)")
         else:
-            predicted = estimate(config, target="cpu")["peak_bytes"]
+            est = estimate(config, target="cpu")
+            predicted = est["peak_bytes"]
+            _print_pipeline_ranks(est)
             per_rank = [peak for peak, _ in measure_cpu(config, world_size)]
-            measured = per_rank[0]
+            measured = per_rank[est["rank"]]  # the busiest rank's: rank 0, or a pipeline rank
         err = predicted / measured - 1
         worst = max(worst, abs(err))
         ranks = ", ".join(f"{m / GIB:.4f}" for m in per_rank)
@@ -94,6 +100,12 @@ def main() -> int:
     if args.out:
         print(f"wrote {_write_table(args.out, world_size, rows, worst)}")
     return 0 if worst <= 0.05 else 1
+
+
+def _print_pipeline_ranks(est: dict) -> None:
+    if len(est["ranks"]) > 1:
+        by_rank = {r["rank"]: round(r["peak_gib"], 4) for r in est["ranks"]}
+        print(f"  predicted GiB per pipeline rank (global rank: GiB): {by_rank}", flush=True)
 
 
 def _write_table(out: str, world_size: int, rows: list[str], worst: float) -> str:

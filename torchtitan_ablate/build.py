@@ -265,14 +265,12 @@ def build_run(
     if pd.pp_enabled:
         head = build_loss_head(config, options)
         n_layers, batch = layout.model_args.n_layers, config.training.local_batch_size
-        meta = None
-        if layout.model_args.num_experts:  # MoE: no inference forward in the expert load
-            meta = ActivationMeta(
-                config.parallelism.pipeline_parallel_microbatch_size,
-                config.training.seq_len,
-                layout.model_args.dim,
-                param_dtype(config.training, device.type),
-            )
+        meta = ActivationMeta(
+            config.parallelism.pipeline_parallel_microbatch_size,
+            config.training.seq_len,
+            layout.model_args.dim,
+            param_dtype(config.training, device.type),
+        )
         loss["pipeline"] = build_pipeline(
             parts, config.parallelism, n_layers, batch, pd.mesh("pp"), device, head, meta
         )

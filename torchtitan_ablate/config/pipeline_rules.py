@@ -60,7 +60,6 @@ def check_pipeline_parallel(config: JobConfig) -> None:
         "lora.enable = true": config.lora.enable,
         "training.dataset = 'preference' (DPO)": dpo_enabled(config),
         "validation.enable = true": config.validation.enable,
-        "memory_estimation.enable = true": config.memory_estimation.enable,
         f"checkpoint.enable = true with pipeline_parallel_schedule = "
         f"{p.pipeline_parallel_schedule!r} (several stages per rank)": (
             config.checkpoint.enable and p.pipeline_parallel_schedule in MULTI_STAGE

@@ -19,7 +19,7 @@ step.train_step does, so the loss and the gradients equal the one-process run's 
 False: no extra mean over micro-batches).
 """
 
-import copy
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,10 +118,26 @@ def check_pipeline(config: JobConfig, model_args: Any) -> None:
             "parallel puts on different stages; not supported yet (flavors 8B and larger are "
             "untied)"
         )
+    schedule = config.parallelism.pipeline_parallel_schedule
+    if schedule in ZERO_BUBBLE and _torch_version() < (2, 13):
+        raise ConfigError(
+            f"parallelism.pipeline_parallel_schedule = {schedule!r} needs torch 2.13 or newer "
+            f"(this is {torch.__version__}: its weight-gradient pass fails on custom autograd "
+            "functions, which the loss and the MoE aux loss are); use 1F1B or Interleaved1F1B"
+        )
     try:
         plan_stages(config.parallelism, model_args.n_layers)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+# Schedules that split each backward into an input-gradient and a weight-gradient pass.
+ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble")
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
 
 
 def stage_ids(p: Parallelism, pp_rank: int, stages: int) -> list[int]:
@@ -133,10 +149,15 @@ def stage_ids(p: Parallelism, pp_rank: int, stages: int) -> list[int]:
 
 
 def split_stages(model: nn.Module, fqns: list[list[str]], ids: list[int]) -> list[nn.Module]:
-    """This rank's stages: copies of the (meta) model that keep only their own modules."""
+    """This rank's stages: copies of the (meta, not yet parallelized) model that keep only their
+    own modules."""
     parts = []
     for i in ids:
-        part, keep = copy.deepcopy(model), set(fqns[i])
+        # Built afresh on meta, not deep-copied: a copy made under FakeTensorMode (the
+        # estimator) holds fake parameters that to_empty cannot swap.
+        with torch.device("meta"):
+            part = type(model)(model.args)
+        keep = set(fqns[i])
         for name in list(part.layers):
             if f"layers.{name}" not in keep:
                 del part.layers[name]
@@ -164,7 +185,6 @@ class Pipeline:
 
     schedule: _PipelineSchedule
     loss: _ScaledLoss
-    loss_head: LossHead
     has_first: bool
     has_last: bool
     pp_mesh: DeviceMesh
@@ -180,16 +200,19 @@ def build_pipeline(
     pp_mesh: DeviceMesh,
     device: torch.device,
     loss_head: LossHead,
-    meta: "ActivationMeta | None" = None,
+    meta: "ActivationMeta",
 ) -> Pipeline:
     """The schedule over this rank's (parallelized, materialized) stages. meta: the
-    micro-batches' shapes, given to the stages so they infer nothing at the first step (MoE:
-    the inference forward's routing would enter the expert load); None: inferred."""
+    micro-batches' shapes, given to the stages so they infer nothing at the first step: an
+    inference forward would enter MoE routing into the expert load, and a fake-tensor run (the
+    estimator) cannot exchange shapes."""
     stages = num_stages(p, n_layers)
     ids = stage_ids(p, pp_mesh.get_local_rank(), stages)
     group = pp_mesh.get_group()
     pipeline_stages = [
-        PipelineStage(part, i, stages, device, group=group, **_stage_meta(i, stages, meta))
+        _KnownShapesStage(
+            loss_head, part, i, stages, device, group=group, **_stage_meta(i, stages, meta)
+        )
         for part, i in zip(parts, ids)
     ]
     cls = get_schedule_class(p.pipeline_parallel_schedule)
@@ -202,7 +225,7 @@ def build_pipeline(
         loss_fn=loss,
         scale_grads=False,
     )
-    return Pipeline(schedule, loss, loss_head, 0 in ids, stages - 1 in ids, pp_mesh, n_micro)
+    return Pipeline(schedule, loss, 0 in ids, stages - 1 in ids, pp_mesh, n_micro)
 
 
 @dataclass
@@ -216,22 +239,56 @@ class ActivationMeta:
     dtype: torch.dtype
 
 
-def _stage_meta(i: int, stages: int, meta: ActivationMeta | None) -> dict:
-    if meta is None:
-        return {}
+class _StaticVote:
+    """The result of torch's warm-up vote when every stage knows its shapes: the schedule reads
+    it with `.item()` (1 = static). Not a tensor: under FakeTensorMode (the estimator) a
+    tensor's value cannot be read on the host."""
+
+    def item(self) -> int:
+        return 1
+
+
+class _KnownShapesStage(PipelineStage):
+    """A stage built with every boundary's shapes (`_stage_meta`) and the run's loss head.
+
+    torch (2.13) lets the stages vote at the first step on whether shapes must be inferred,
+    passing a tensor from rank to rank and reading the result on the host; here every stage
+    votes static, so the result is known without the exchange (older torch does not vote: the
+    vote methods are never called). The loss head is added to the forward's keywords here, not
+    passed with the micro-batch: torch 2.11's zero-bubble input backward takes every keyword
+    of the micro-batch for a tensor."""
+
+    def __init__(self, loss_head: LossHead, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._loss_head = loss_head
+
+    def forward_maybe_with_nosync(self, *args: Any, **kwargs: Any) -> Any:
+        return super().forward_maybe_with_nosync(*args, loss_head=self._loss_head, **kwargs)
+
+    def _warmup_forward_vote(self, has_backward: bool, received_acc: Any = None) -> Any:
+        return _StaticVote()
+
+    def _warmup_backward_result(self, received_result: Any = None) -> Any:
+        return _StaticVote()
+
+
+def _stage_meta(i: int, stages: int, meta: ActivationMeta) -> dict:
     shape = (meta.microbatch_size, meta.seq_len, meta.dim)
     # Hidden states carry gradients back across the boundary: marked as needing them.
     hidden = torch.empty(shape, dtype=meta.dtype, device="meta", requires_grad=True)
     tokens = torch.empty(meta.microbatch_size, meta.seq_len, dtype=torch.long, device="meta")
     loss = torch.empty((), dtype=torch.float32, device="meta", requires_grad=True)
     first, last = i == 0, i == stages - 1
-    return {
+    meta_kwargs = {
         "input_args": tokens if first else hidden,
         "output_args": loss if last else hidden,
         # The gradients that cross the boundaries: none into the token ids or the loss.
         "input_grads": (None,) if first else hidden,
         "output_grads": (None,) if last else hidden,
     }
+    # torch 2.11 takes no gradient shapes (it derives them from the activations').
+    accepted = inspect.signature(PipelineStage.__init__).parameters
+    return {k: v for k, v in meta_kwargs.items() if k in accepted}
 
 
 def pipeline_forward_backward(pipe: Pipeline, batch: dict, count: torch.Tensor) -> torch.Tensor:
@@ -242,7 +299,6 @@ def pipeline_forward_backward(pipe: Pipeline, batch: dict, count: torch.Tensor) 
         "positions_BS": batch["positions"],
         "document_ids_BS": batch["document_ids"],
         "labels_BS": batch["labels"],
-        "loss_head": pipe.loss_head,
     }
     args = (batch["input_ids"],) if pipe.has_first else ()
     losses: list[torch.Tensor] = []

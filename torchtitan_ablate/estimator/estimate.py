@@ -26,7 +26,7 @@ from torchtitan_ablate.estimator import cuda_model, kernel_loss
 from torchtitan_ablate.estimator.compiled import FakeInductor, describe_program
 from torchtitan_ablate.estimator.fake_env import fake_tensors, fake_world, resolve_world_size
 from torchtitan_ablate.estimator.routing import forced_routing
-from torchtitan_ablate.estimator.tracked_step import tracked_step
+from torchtitan_ablate.estimator.tracked_step import StepResult, tracked_step
 from torchtitan_ablate.estimator.tracker import CATEGORIES
 from torchtitan_ablate.estimator.world_sizes import with_smallest_world_size
 from torchtitan_ablate.models.common.attention import resolve_backend
@@ -75,7 +75,9 @@ def fresh_dynamo() -> Iterator[None]:
 
 
 def estimate(config: JobConfig, target: str = "cuda") -> dict:
-    """Peak memory of rank 0 for one steady-state training step, by category (bytes and GiB).
+    """Peak memory of the busiest rank for one steady-state training step, by category (bytes
+    and GiB): rank 0, or with pipeline parallel the pipeline rank that needs the most ("ranks"
+    lists each pipeline rank's peak).
 
     target "cuda" (the default) estimates the GPU run; "cpu" the CPU run of the same config (for
     validation against real CPU processes).
@@ -88,8 +90,67 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
         check_layout(config, world_size)  # before the fake world, to name a valid world size
     except ConfigError as e:
         raise with_smallest_world_size(e, config, world_size) from None
-    me = config.memory_estimation
     cfg, notes = prepare_config(config, target)
+    # Pipeline ranks run different programs (their own parts, the schedule's micro-batches in
+    # flight): each is traced as the first rank of its pipeline slice (pp is the outermost mesh
+    # dimension); the others are alike.
+    pp = config.parallelism.pipeline_parallel_degree
+    traced = [_trace(config, cfg, target, world_size, r * world_size // pp) for r in range(pp)]
+    result, backend = max(traced, key=lambda t: t[0].tracker.peak)
+    tracker, pd = result.tracker, result.parallel_dims
+    moe = any("moe" in k for k in tracker.module_activations)
+    me = config.memory_estimation
+    assumption = "all ranks symmetric (same shapes on every rank)"
+    if pd.ep_enabled and config.debug.moe_force_load_balance:
+        assumption = "EP: the run's round-robin routing (debug.moe_force_load_balance)"
+    elif pd.ep_enabled:
+        assumption = (
+            f"EP: balanced routing (each expert T*k/E tokens); rank 0 receives "
+            f"{me.ep_imbalance:g}x the mean rows (memory_estimation.ep_imbalance)"
+        )
+    elif moe:
+        assumption = "MoE without EP: memory does not depend on routing"
+    if pp > 1:
+        assumption += "; ranks of one pipeline rank alike"
+    ctx = cuda_model.context_gib(world_size) if target == "cuda" else 0.0
+    by_category = {k: tracker.peak_by_category[k] / GIB for k in CATEGORIES}
+    ranks = [
+        {
+            "rank": r * world_size // pp,
+            "pipeline_rank": r if pp > 1 else None,
+            "peak_bytes": t.tracker.peak,
+            "peak_gib": t.tracker.peak / GIB,
+            "assumption": assumption,
+        }
+        for r, (t, _) in enumerate(traced)
+    ]
+    busiest = max(ranks, key=lambda r: r["peak_bytes"])["rank"]
+    return {
+        "world_size": world_size,
+        "rank": busiest,
+        "target": target,
+        "parallel_dims": str(pd),
+        "grad_accum": result.grad_accum,
+        "peak_bytes": tracker.peak,
+        "peak_gib": tracker.peak / GIB,
+        "context_gib": ctx,
+        "by_category": by_category,
+        "peak_where": tracker.peak_where,
+        "top_modules": _top_modules(tracker.module_activations),
+        "ranks": ranks,
+        "notes": notes,
+        "program": describe_program(cfg, backend),
+        "n_params": result.n_params,
+        "moe": moe,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _trace(
+    config: JobConfig, cfg: JobConfig, target: str, world_size: int, rank: int
+) -> tuple[StepResult, FakeInductor]:
+    """One tracked step of global rank `rank` in a fake world of `world_size` ranks: the
+    prepared config `cfg`, with the user's `config` choosing routing and CUDA's kernels."""
     cuda = target == "cuda"
     backend = FakeInductor()
     options = BuildOptions(
@@ -98,8 +159,9 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
         # CUDA picks grouped GEMM for bf16 experts (prepare_config gives CPU CUDA's dtypes).
         moe_grouped_mm=param_dtype(cfg.training, "cpu") == torch.bfloat16 if cuda else None,
     )
+    me = config.memory_estimation
     with ExitStack() as stack:
-        stack.enter_context(fake_world(world_size))
+        stack.enter_context(fake_world(world_size, rank))
         stack.enter_context(fresh_dynamo())
         stack.enter_context(forced_routing(me.ep_imbalance, config.debug.moe_force_load_balance))
         if cuda:
@@ -119,38 +181,7 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
             if isinstance(e, ConfigError):
                 raise
             raise ConfigError(f"memory estimation cannot run this config: {e}") from e
-    tracker, pd = result.tracker, result.parallel_dims
-    moe = any("moe" in k for k in tracker.module_activations)
-    assumption = "all ranks symmetric (same shapes on every rank)"
-    if pd.ep_enabled and config.debug.moe_force_load_balance:
-        assumption = "EP: the run's round-robin routing (debug.moe_force_load_balance)"
-    elif pd.ep_enabled:
-        assumption = (
-            f"EP: balanced routing (each expert T*k/E tokens); rank 0 receives "
-            f"{me.ep_imbalance:g}x the mean rows (memory_estimation.ep_imbalance)"
-        )
-    elif moe:
-        assumption = "MoE without EP: memory does not depend on routing"
-    ctx = cuda_model.context_gib(world_size) if cuda else 0.0
-    by_category = {k: tracker.peak_by_category[k] / GIB for k in CATEGORIES}
-    return {
-        "world_size": world_size,
-        "target": target,
-        "parallel_dims": str(pd),
-        "grad_accum": result.grad_accum,
-        "peak_bytes": tracker.peak,
-        "peak_gib": tracker.peak / GIB,
-        "context_gib": ctx,
-        "by_category": by_category,
-        "peak_where": tracker.peak_where,
-        "top_modules": _top_modules(tracker.module_activations),
-        "ranks": [{"rank": 0, "peak_gib": tracker.peak / GIB, "assumption": assumption}],
-        "notes": notes,
-        "program": describe_program(cfg, backend),
-        "n_params": result.n_params,
-        "moe": moe,
-        "seconds": time.perf_counter() - start,
-    }
+    return result, backend
 
 
 def _top_modules(per_module: dict[str, int], k: int = 10) -> list[dict]:

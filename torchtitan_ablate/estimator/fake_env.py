@@ -30,14 +30,14 @@ def resolve_world_size(config: JobConfig) -> int:
 
 
 @contextmanager
-def fake_world(world_size: int) -> Iterator[None]:
-    """Rank 0 of a fake `world_size`-rank process group (use `fake_tensors()` once the meshes
-    exist: DeviceMesh needs real rank tensors)."""
+def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
+    """Rank `rank` of a fake `world_size`-rank process group (use `fake_tensors()` once the
+    meshes exist: DeviceMesh needs real rank tensors)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
 
     if dist.is_initialized():
         raise RuntimeError("memory estimation needs a process without a process group")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:

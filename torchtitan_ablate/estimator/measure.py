@@ -63,12 +63,12 @@ def _inductor_cpu_peak(config: JobConfig, world_size: int) -> int:
     device = torch.device("cpu")
     layout = build_layout(config, world_size, "cpu")
     run = build_run(config, layout, device)
-    create_optimizer_state(run.model, run.optimizer)
+    create_optimizer_state(run.model_parts, run.optimizer)
     vocab = layout.model_args.vocab_size
     train_step(run, synthetic_batches(config, layout.parallel_dims, vocab, run.grad_accum, device))
     batches = synthetic_batches(config, layout.parallel_dims, vocab, run.grad_accum, device)
     existing = MemoryTracker()
-    existing.track_model(run.model, run.optimizer)
+    existing.track_model(run.model_parts, run.optimizer)
     existing.track_inputs(batches)
     cpu = torch.profiler.ProfilerActivity.CPU
     with torch.profiler.profile(activities=[cpu], profile_memory=True) as prof:

@@ -80,13 +80,13 @@ def tracked_step(
     pd = layout.parallel_dims
     with tensor_mode or nullcontext():
         run = build_run(config, layout, device, options)
-        model = run.model
-        create_optimizer_state(model, run.optimizer)
+        parts = run.model_parts
+        create_optimizer_state(parts, run.optimizer)
         batches = synthetic_batches(
             config, pd, layout.model_args.vocab_size, run.grad_accum, device
         )
         tracker = MemoryTracker(round_bytes)
-        tracker.track_model(model, run.optimizer)
+        tracker.track_model(run.model_parts, run.optimizer)
         if run.reference is not None:  # DPO's frozen copy: resident weights too
             tracker.track_frozen(run.reference)
         tracker.track_inputs(batches)  # the loader's micro-batches are all resident
@@ -96,13 +96,14 @@ def tracked_step(
         traced = batches if len(batches) <= 3 else [batches[0], batches[1], batches[-1]]
         with tracker:
             train_step(run, traced)
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for part in parts for p in part.parameters())
     return StepResult(tracker, pd, run.grad_accum, n_params)
 
 
 @torch.no_grad()
-def create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    params = [p for p in model.parameters() if p.requires_grad]
+def create_optimizer_state(parts: list[torch.nn.Module], optimizer: torch.optim.Optimizer) -> None:
+    """One optimizer step on zero gradients of every part's trainable weights."""
+    params = [p for part in parts for p in part.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.zeros_like(p)
     optimizer.step()

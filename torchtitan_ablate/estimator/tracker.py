@@ -84,7 +84,7 @@ class _Info:
 
 
 class MemoryTracker(TorchDispatchMode):
-    """Use: tracker.track_model(model, optimizer); tracker.track_inputs(batches); with tracker:
+    """Use: tracker.track_model(parts, optimizer); tracker.track_inputs(batches); with tracker:
     step. Then `peak`, `peak_by_category`, `peak_where` and `module_activations`.
 
     round_bytes: round every storage up to this multiple (512 models the CUDA caching allocator).
@@ -108,7 +108,7 @@ class MemoryTracker(TorchDispatchMode):
         self._known: dict[int, tuple[weakref.ref, _Info]] = {}
         self._names: dict[int, str] = {}
         self._stack: list[str] = []
-        self._root: nn.Module | None = None
+        self._roots: set[int] = set()
         self._after_backward = True  # until the first forward: step-level temporaries
         self._handles: list = []
         self._fake_on_entry = None
@@ -135,16 +135,18 @@ class MemoryTracker(TorchDispatchMode):
 
     # ---- registration ---------------------------------------------------------------------------
 
-    def track_model(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Counts what exists before the step and hooks gradients and module boundaries."""
-        self._root = model
-        self._names = {id(m): _strip_wrappers(n) for n, m in model.named_modules()}
-        for p in model.parameters():
+    def track_model(self, parts: list[nn.Module], optimizer: torch.optim.Optimizer) -> None:
+        """Counts what exists before the step and hooks gradients and module boundaries. parts:
+        the rank's model parts (the model itself, or its pipeline stages: their modules keep
+        the whole model's names)."""
+        self._roots = {id(part) for part in parts}
+        self._names = {id(m): _strip_wrappers(n) for part in parts for n, m in part.named_modules()}
+        for p in (p for part in parts for p in part.parameters()):
             for st in _storages(p):
                 self._add(st, "parameters")
             if p.requires_grad:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
-        for b in model.buffers():
+        for b in (b for part in parts for b in part.buffers()):
             for st in _storages(b):
                 self._add(st, "buffers")
         for state in optimizer.state.values():
@@ -239,7 +241,7 @@ class MemoryTracker(TorchDispatchMode):
         name = self._names.get(id(module))
         if name is None:
             return
-        if module is self._root and torch._C._current_graph_task_id() == -1:
+        if id(module) in self._roots and torch._C._current_graph_task_id() == -1:
             self._after_backward = False
         self._stack.append(name)
 
@@ -249,7 +251,7 @@ class MemoryTracker(TorchDispatchMode):
         if id(module) not in self._names or not self._stack:
             return
         self._stack.pop()
-        if module is self._root and torch._C._current_graph_task_id() == -1:
+        if id(module) in self._roots and torch._C._current_graph_task_id() == -1:
             self._snapshot_module_activations()
 
     def _snapshot_module_activations(self) -> None:

@@ -133,7 +133,7 @@ def apply_overrides(config: JobConfig, overrides: dict) -> JobConfig:
 
 def format_report(est: dict, device_gib: float, fits: bool, line: str, tried: list) -> str:
     rows = [
-        f"Memory estimate, rank 0 of {est['world_size']} ({est['parallel_dims']}; "
+        f"Memory estimate, rank {est['rank']} of {est['world_size']} ({est['parallel_dims']}; "
         f"grad accumulation {est['grad_accum']}), target {est['target']}",
         f"{'category':<28}{'GiB at peak':>12}",
     ]
@@ -145,8 +145,12 @@ def format_report(est: dict, device_gib: float, fits: bool, line: str, tried: li
     rows.append("top modules by activation memory (saved at the end of forward):")
     for m in est["top_modules"]:
         rows.append(f"  {m['module']:<40}{m['gib']:>8.3f} GiB")
-    for r in est["ranks"]:
-        rows.append(f"assumption: {r['assumption']}")
+    if len(est["ranks"]) > 1:
+        rows.append(
+            "peak per pipeline rank: "
+            + ", ".join(f"{r['pipeline_rank']}: {r['peak_gib']:.2f} GiB" for r in est["ranks"])
+        )
+    rows.append(f"assumption: {est['ranks'][0]['assumption']}")
     rows.append(est["program"])
     rows += [f"note: {n}" for n in est["notes"]]
     if fits:
