@@ -67,7 +67,8 @@ def build_trainer(dump_folder: str, args: list[str]) -> train.Trainer:
 
 
 def train_layout(dump_folder: str, args: list[str]) -> dict:
-    """Runs on every rank; returns losses, the logged expert loads (MoE; None for dense) and
+    """Runs on every rank; returns losses, gradient norms (before clipping), the logged expert
+    loads (MoE; None for dense) and
     (rank 0) the full fp32 parameters."""
     build.build_dataloader = _build_global_slicing_loader
     trainer = build_trainer(dump_folder, args)
@@ -75,6 +76,7 @@ def train_layout(dump_folder: str, args: list[str]) -> dict:
     records = trainer.train()
     return {
         "losses": [r["loss"] for r in records],
+        "grad_norms": [r["grad_norm"] for r in records],
         "load": [r.get("expert_load_max_over_mean") for r in records],
         "params": full_params(trainer),
     }
@@ -97,10 +99,22 @@ def full_params(trainer: train.Trainer) -> dict | None:
     return sd if dist.get_rank() == 0 else None
 
 
-def assert_same_training(got: dict, ref: dict, loss_rtol: float = 1e-5, atol: float = 1e-4):
+def assert_same_training(
+    got: dict,
+    ref: dict,
+    loss_rtol: float = 1e-5,
+    atol: float = 1e-4,
+    grad_norm_rtol: float | None = None,
+) -> None:
+    """Per-step losses within loss_rtol (relative), final parameters within atol; with
+    grad_norm_rtol, also the per-step gradient norms (relative). AdamW is nearly blind to the
+    scale of a step's gradient, so a wrong clipping norm hardly shows in the weights."""
     for step, (a, b) in enumerate(itertools.zip_longest(got["losses"], ref["losses"]), 1):
         assert a is not None and b is not None, "different number of steps"
         assert abs(a - b) <= loss_rtol * abs(b), f"step {step}: loss {a} vs reference {b}"
+    if grad_norm_rtol is not None:
+        for step, (a, b) in enumerate(zip(got["grad_norms"], ref["grad_norms"], strict=True), 1):
+            assert abs(a - b) <= grad_norm_rtol * b, f"step {step}: grad norm {a} vs {b}"
     assert got["params"].keys() == ref["params"].keys()
     for k in ref["params"]:
         torch.testing.assert_close(

@@ -27,7 +27,7 @@ class Parallelism:
     tensor_parallel_degree: int = 1
     """Ranks each layer's weights are split over (tensor parallel with sequence parallel, the
     innermost mesh dimension). Dense models only; must divide n_heads, n_kv_heads, hidden_dim,
-    vocab_size and training.seq_len."""
+    vocab_size and training.seq_len / context_parallel_degree (each cp rank's sequence)."""
 
     enable_async_tensor_parallel: bool = False
     """Overlap tensor parallel's collectives with its matmuls under torch.compile. Not

@@ -99,9 +99,8 @@ def _check_tensor_parallel(config: JobConfig) -> None:
     if tp == 1:
         return
     key = f"parallelism.tensor_parallel_degree = {tp}"
-    cp, ep = p.context_parallel_degree, p.expert_parallel_degree
+    ep = p.expert_parallel_degree
     others = {
-        f"parallelism.context_parallel_degree = {cp}": cp > 1,
         f"parallelism.expert_parallel_degree = {ep}": ep > 1,
         "float8.enable = true": config.float8.enable,
         "lora.enable = true": config.lora.enable,

@@ -19,6 +19,13 @@ with a BlockMask (no dense mask, forward and backward); CPU runs SDPA with a den
 `apply_cp` sets the model's two attention hooks: `build_mask` (the CP mask, once per forward)
 and every layer's `attention_fn` (`cp_attention`).
 
+With tensor parallel (applied first): the batch is zigzag-sliced over cp first and sequence
+parallel splits each cp rank's L tokens over tp (labels too: `place_micro_batch`); attention's
+input is all-gathered over tp to the cp rank's L tokens before the projections, so
+`cp_attention` sees plain [B, L, H / tp, K] queries and J / tp kv heads and gathers K/V over
+its cp group (the ranks of the same tp index). The masks broadcast over heads (no head dim),
+so the CUDA BlockMask is the same with or without TP.
+
 Shape legend: B batch, S global sequence, L local sequence (S / cp), C chunk (S / (2 * cp)),
 D model dim, H query heads, J kv heads, K head_dim.
 """

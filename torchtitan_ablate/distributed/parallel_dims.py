@@ -87,8 +87,12 @@ class ParallelDims:
                 f"{key} with an MoE model (num_experts = {num_experts}) is not supported yet; "
                 "use expert_parallel_degree and FSDP for MoE models"
             )
+        # Sequence parallel splits each cp rank's sequence (already a whole 2 * cp chunks).
+        seq_name = "training.seq_len"
+        if self.cp > 1:
+            seq_name = f"training.seq_len / context_parallel_degree = {seq_len} / {self.cp}"
         sizes = {
-            "training.seq_len": seq_len,
+            seq_name: seq_len // self.cp,
             **{f"model {k}": v for k, v in (tp_split or {}).items()},
         }
         for name, size in sizes.items():

@@ -14,9 +14,11 @@ Layout per block (torchtitan's plan, Megatron-LM's scheme):
   output columns (each rank computes H / tp query and J / tp kv heads), wo by input rows; its
   partial sums are reduce-scattered back to the sequence shard. The attention core runs on the
   rank's whole heads as plain tensors, so every backend (sdpa, flex, varlen, flash) works
-  unchanged. q_norm / k_norm normalise over head_dim within each head; they run as DTensors
-  sharded on the heads dim (SequenceParallel on dim 2), so their replicated weights receive the
-  sum of every rank's heads' gradients.
+  unchanged, and so does context parallel's attention: its rank's heads over the cp rank's
+  whole sequence, K/V all-gathered over cp (its masks do not depend on the head count).
+  q_norm / k_norm normalise over head_dim within each head; they run as DTensors sharded on the
+  heads dim (SequenceParallel on dim 2), so their replicated weights receive the sum of every
+  rank's heads' gradients.
 - Dense MLP: gate / up split by columns, down by rows (same gather / reduce-scatter).
 - Embedding: split by vocabulary rows; each rank looks up the ids it holds and the partial rows
   are reduce-scattered to the sequence shard.
@@ -97,7 +99,8 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
 
     Call before CP, AC, compile and FSDP (parallelize_qwen3's order): FSDP then shards the
     tp-local parameters over the dp ranks (a 2-D layout). The batch's labels must be sliced with
-    `tp_shard_labels`; input ids, positions and document ids stay whole on every tp rank.
+    `tp_shard_labels`; input ids, positions and document ids stay whole on every tp rank (with
+    context parallel: the cp rank's whole zigzag slice, which sequence parallel then splits).
     """
     assert not model.moe_layers(), "config rules refuse MoE x tensor parallel"
     parallelize_module(

@@ -177,11 +177,6 @@ TP2 = ["--parallelism.tensor_parallel_degree", "2"]
             "parallelism.enable_async_tensor_parallel = true is not supported yet; set it to false",
         ),
         (["--parallelism.tensor_parallel_degree", "0"], "tensor_parallel_degree = 0: must be >= 1"),
-        (
-            TP2 + ["--parallelism.context_parallel_degree", "2"],
-            "parallelism.tensor_parallel_degree = 2 with parallelism.context_parallel_degree = 2 "
-            "is not supported yet; use one or the other",
-        ),
         (TP2 + ["--parallelism.expert_parallel_degree", "2"], "expert_parallel_degree = 2 is not"),
         (TP2 + FLOAT8, "with float8.enable = true is not supported yet"),
         (TP2 + LORA, "with lora.enable = true is not supported yet"),
@@ -203,6 +198,8 @@ def test_tensor_parallel_loads_with_what_it_supports():
     args = TP2 + ["--activation_checkpoint.mode", "full", "--compile.enable", "true"]
     config = load_config(args + ["--parallelism.data_parallel_replicate_degree", "2"])
     assert config.parallelism.tensor_parallel_degree == 2
+    config = load_config(TP2 + ["--parallelism.context_parallel_degree", "2"])
+    assert config.parallelism.context_parallel_degree == 2
 
 
 def test_default_lora_targets_are_the_dense_projections():

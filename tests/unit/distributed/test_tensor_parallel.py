@@ -100,6 +100,13 @@ def test_tp_must_divide_the_split_sizes():
         pd.check_model(0, 66)
     with pytest.raises(ParallelDimsError, match=r"MoE model \(num_experts = 8\) is not supported"):
         pd.check_model(8, 64)
+    # With CP, sequence parallel splits each cp rank's sequence: 68 is whole 2 * cp chunks, but
+    # its cp rank's 34 tokens do not split over tp 4.
+    tp_cp = ParallelDims(dp_replicate=1, dp_shard=1, cp=2, ep=1, world_size=8, tp=4)
+    tp_cp.check_model(0, 72)
+    needle = "= 4 must divide training.seq_len / context_parallel_degree = 68 / 2 = 34"
+    with pytest.raises(ParallelDimsError, match=needle):
+        tp_cp.check_model(0, 68)
     with pytest.raises(ParallelDimsError, match=r"1 \* 2 \* 1 \* 4 = 8, but the world size is 4"):
         ParallelDims(dp_replicate=1, dp_shard=2, cp=1, ep=1, world_size=4, tp=4)
     assert ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, ep=1, world_size=8, tp=2).dp_shard == 4

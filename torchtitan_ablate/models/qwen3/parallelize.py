@@ -19,7 +19,8 @@ PP. pipeline parallel before everything: it cuts the model into this rank's stag
    refused too (TP's styles split nn.Linear, which LoRA's adapted projections no longer are).
    With TP, FSDP is applied even over one dp rank (step 7).
 3. expert parallel: installs token dispatch/combine around the routed experts.
-4. context parallel: wraps attention so it sees every key/value of the sharded sequence.
+4. context parallel: wraps attention so it sees every key/value of the sharded sequence. After
+   TP: its attention core runs on TP's plain per-rank heads, inside TP's hooks.
 5. activation checkpointing: wraps whole blocks, so it goes after the modules inside them.
 6. torch.compile per block: after AC (the checkpoint is compiled with the block; MoE blocks,
    whose graphs break, are compiled inside it) and before FSDP, so FSDP's hooks stay outside
