@@ -50,9 +50,6 @@ def check_pipeline_parallel(config: JobConfig) -> None:
         f"parallelism.context_parallel_degree = {p.context_parallel_degree}": (
             p.context_parallel_degree > 1
         ),
-        f"parallelism.expert_parallel_degree = {p.expert_parallel_degree}": (
-            p.expert_parallel_degree > 1
-        ),
         f"parallelism.tensor_parallel_degree = {p.tensor_parallel_degree}": (
             p.tensor_parallel_degree > 1
         ),
