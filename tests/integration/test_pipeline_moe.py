@@ -5,9 +5,12 @@ rank 0 holds the first and last stages, so its MoE layers are not contiguous); o
 and on 4 with expert parallel (PP 2 x EP 2: each part's experts split over the 2 ranks of its
 pp slice, which run the same schedule, so their all-to-alls pair up).
 
-The aux loss is off here: each pipeline micro-batch's aux loss is its own (as with gradient
-accumulation), so its gradient differs from the one-process run's whole-batch aux loss. The
-aux-loss-free bias is on (moe_bias_update_rate), moved by the step's global expert load.
+The aux loss is off against one process: each pipeline micro-batch's aux loss is its own (as
+with gradient accumulation), so its gradient differs from the one-process run's whole-batch aux
+loss. With it on, PP 2 x EP 2 trains like PP 2 alone: the same micro-batches, each weighing 1 /
+(micro-batches x dp). The aux-loss-free bias is on (moe_bias_update_rate), moved by the step's
+global expert load. max_norm is below the gradient norms (about 0.7), so every step clips by
+the norm over every part and expert shard; the norms are compared too.
 """
 
 import os
@@ -26,7 +29,9 @@ ARGS = [
     "--model.flavor", "debugmodel_moe", "--model.n_layers", "4", "--training.steps", "3",
     "--training.seq_len", "32", "--metrics.log_freq", "1",
     "--model.moe_aux_loss_coef", "0", "--model.moe_bias_update_rate", "1e-3",
+    "--training.max_norm", "0.5",
 ]  # fmt: skip
+AUX = ["--model.moe_aux_loss_coef", "1e-2"]
 PP2 = [P + "pipeline_parallel_degree", "2", P + "pipeline_parallel_microbatch_size", "2"]
 SCHEDULES = ("1F1B", "ZBVZeroBubble")
 # pp 2 x dp_shard 2 (EP borrows its ranks): 4 of the 8 sequences per dp rank. FSDP is on, so
@@ -58,12 +63,14 @@ def one(root) -> dict:
 
 @pytest.fixture(scope="module")
 def pp2(root) -> list[dict]:
-    return run_distributed(_runs, 2, root, [(s, _schedule(s)) for s in SCHEDULES], timeout_s=300)
+    cases = [(s, _schedule(s)) for s in SCHEDULES] + [("aux", _schedule("1F1B") + AUX)]
+    return run_distributed(_runs, 2, root, cases, timeout_s=300)
 
 
 @pytest.fixture(scope="module")
 def pp2_ep2(root) -> list[dict]:
     cases = [(f"ep2_{s}", _schedule(s) + EP2 + KEEP[s]) for s in SCHEDULES]
+    cases += [("ep2_aux", _schedule("1F1B") + EP2 + AUX)]
     return run_distributed(_runs, 4, root, cases, timeout_s=300)
 
 
@@ -77,6 +84,13 @@ def _assert_matches(ranks: list[dict], name: str, ref: dict) -> None:
             assert got == pytest.approx(want, rel=1e-3)
     assert any("expert_bias" in k for k in ref["params"])
     assert_same_training(ranks[0][name], ref)
+    _assert_same_norms(ranks[0][name], ref)
+
+
+def _assert_same_norms(got: dict, want: dict) -> None:
+    # The norm before clipping: 1e-4, as the gradients' sum over 2 dp ranks alone (FSDP 2, no
+    # PP) moves it by 1.3e-5 from one process's; a missed part or expert shard moves it by %.
+    assert got["grad_norms"] == pytest.approx(want["grad_norms"], rel=1e-4)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -87,3 +101,10 @@ def test_pp2_moe_matches_single_process(pp2, one, schedule):
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_pp2_ep2_moe_matches_single_process(pp2_ep2, one, schedule):
     _assert_matches(pp2_ep2, f"ep2_{schedule}", one)
+
+
+def test_pp2_ep2_aux_loss_matches_pp2(pp2, pp2_ep2):
+    # Rows 2k and 2k + 1 form micro-batch k in both layouts (dp rank 1 reads rows 4 to 7).
+    got, want = pp2_ep2[0]["ep2_aux"], pp2[0]["aux"]
+    assert_same_training(got, want)
+    _assert_same_norms(got, want)
