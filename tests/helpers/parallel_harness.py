@@ -68,8 +68,7 @@ def build_trainer(dump_folder: str, args: list[str]) -> train.Trainer:
 
 def train_layout(dump_folder: str, args: list[str]) -> dict:
     """Runs on every rank; returns losses, gradient norms (before clipping), the logged expert
-    loads (MoE; None for dense) and
-    (rank 0) the full fp32 parameters."""
+    loads (MoE; None for dense) and (rank 0) the full fp32 parameters."""
     build.build_dataloader = _build_global_slicing_loader
     trainer = build_trainer(dump_folder, args)
     trainer.dataloader.batches_done = lambda: trainer.step * trainer.grad_accum

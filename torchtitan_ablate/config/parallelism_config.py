@@ -48,7 +48,8 @@ class Parallelism:
     """Ranks the layers are split over (pipeline parallel, the outermost mesh dimension); 1 =
     off. Each rank holds one or more model parts: consecutive blocks, the
     first part also the embedding, the last the final norm and output head. Models with untied
-    embeddings only (8B and larger flavors, 30B-A3B); MoE without expert parallel."""
+    embeddings only (8B and larger flavors, 30B-A3B); MoE also with expert parallel (each
+    part's experts split over the ep ranks of its own pp slice)."""
 
     pipeline_parallel_schedule: Literal[
         "1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"
@@ -56,7 +57,9 @@ class Parallelism:
     """The order the micro-batches' forwards and backwards run in. 1F1B and GPipe: one model
     part per rank; Interleaved1F1B, InterleavedZeroBubble (looped) and ZBVZeroBubble (V-shaped:
     a rank holds the first and the last part): several parts per rank (2 unless
-    pipeline_parallel_layers_per_stage says otherwise)."""
+    pipeline_parallel_layers_per_stage says otherwise). InterleavedZeroBubble and ZBVZeroBubble
+    split each backward into an input and a weight pass: with FSDP they need
+    fsdp_reshard_after_forward = never."""
 
     pipeline_parallel_microbatch_size: int = 1
     """Sequences per pipeline micro-batch: each loader batch (training.local_batch_size

@@ -9,6 +9,10 @@ from torchtitan_ablate.config.require import at_least, require
 # Schedules that run several stages per rank: their model parts share one optimizer, which the
 # checkpoint's per-part optimizer state cannot hold yet.
 MULTI_STAGE = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+# Schedules that split each backward into an input pass and a later weight pass: the input pass
+# lists the weights to differentiate when it starts, so FSDP must not have resharded them after
+# forward (models/qwen3/parallelize.py's check_fsdp_knobs, where FSDP's use is known).
+SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble")
 
 
 def check_pipeline_parallel(config: JobConfig) -> None:
@@ -49,9 +53,6 @@ def check_pipeline_parallel(config: JobConfig) -> None:
     others = {
         f"parallelism.context_parallel_degree = {p.context_parallel_degree}": (
             p.context_parallel_degree > 1
-        ),
-        f"parallelism.expert_parallel_degree = {p.expert_parallel_degree}": (
-            p.expert_parallel_degree > 1
         ),
         f"parallelism.tensor_parallel_degree = {p.tensor_parallel_degree}": (
             p.tensor_parallel_degree > 1

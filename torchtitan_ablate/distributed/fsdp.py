@@ -141,22 +141,23 @@ def _prefetch_explicitly(model: nn.Module, blocks: list[nn.Module], tied: bool) 
     overlaps compute only while the CPU runs ahead of the GPU. Expert parallel's dispatch waits
     for the GPU once per MoE layer (its split sizes), so the CPU never gets ahead and every
     all-gather would start late and sit exposed; issued one group early it overlaps the current
-    group's compute, at the cost of holding one more group's gathered weights."""
+    group's compute, at the cost of holding one more group's gathered weights. A pipeline part
+    chains only the groups it holds (its embedding, head or blocks may be absent)."""
 
     def group(block: nn.Module) -> list[nn.Module]:
         moe = getattr(block, "moe", None)
         return [block] + ([moe.experts] if moe is not None else [])
 
-    forward = ([] if tied else [model.tok_embeddings]) + blocks
-    for module, nxt in zip(forward, forward[1:]):
-        module.set_modules_to_forward_prefetch(group(nxt))
-    if not tied:
-        blocks[-1].set_modules_to_forward_prefetch([model.norm, model.output])
-        model.output.set_modules_to_backward_prefetch(group(blocks[-1]))
-    for block, prev in zip(reversed(blocks), list(reversed(blocks))[1:]):
-        block.set_modules_to_backward_prefetch(group(prev))
-    if not tied:
-        blocks[0].set_modules_to_backward_prefetch([model.tok_embeddings])
+    # (module whose hooks prefetch, the FSDP modules of its group) in forward order.
+    units = [(block, group(block)) for block in blocks]
+    if not tied and model.tok_embeddings is not None:
+        units.insert(0, (model.tok_embeddings, [model.tok_embeddings]))
+    if not tied and model.output is not None:
+        units.append((model.output, [model.norm, model.output]))
+    for (module, _), (_, nxt) in zip(units, units[1:]):
+        module.set_modules_to_forward_prefetch(nxt)
+    for (module, _), (_, prev) in zip(units[1:], units):
+        module.set_modules_to_backward_prefetch(prev)
 
 
 def _shard_size(mesh: DeviceMesh) -> int:

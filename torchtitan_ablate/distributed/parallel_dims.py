@@ -6,9 +6,10 @@ every layer, which on a multi-GPU node keeps them on one host's fast links; the 
 stages, which exchange one activation per micro-batch, are the farthest apart. Every other mesh
 has pp as its outer dimension too, so each stage's data/tensor parallel groups are separate.
 Expert parallel borrows its ranks from dp_shard * cp, so experts live on a second view of the
-same ranks, (pp, dp_replicate, efsdp, ep) with efsdp = dp_shard * cp / ep (EP with TP or PP is
+same ranks, (pp, dp_replicate, efsdp, ep) with efsdp = dp_shard * cp / ep (EP with TP is
 refused). Rank order is row-major in all of them, so an ep group is a block of consecutive
-ranks inside one dp_shard * cp block.
+ranks inside one dp_shard * cp block; with PP it lies inside one pipeline stage's ranks, which
+all run the same schedule, so their all-to-alls pair up.
 """
 
 from dataclasses import dataclass, field

@@ -61,6 +61,10 @@ def test_meshes_built_are_the_ones_requested():
     assert run_distributed(_mesh_names, 2, None)[0] == ["dp", "fsdp", "loss", "tp", "world"]
 
 
+ZBV = ["--parallelism.pipeline_parallel_degree", "2"]
+ZBV += ["--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble"]
+
+
 @pytest.mark.parametrize(
     "device, use_fsdp, args, needle",
     [
@@ -88,6 +92,10 @@ def test_meshes_built_are_the_ones_requested():
             "mixed_precision_reduce = 'bfloat16' needs FSDP",
         ),
         ("cuda", True, ["--training.mixed_precision_reduce", "bfloat16"], None),
+        # Split-backward schedules miss the gradients of blocks resharded after forward.
+        ("cpu", True, ZBV, "'ZBVZeroBubble' with FSDP needs .*reshard_after_forward = 'never'"),
+        ("cpu", True, ZBV + ["--parallelism.fsdp_reshard_after_forward", "never"], None),
+        ("cpu", False, ZBV, None),
     ],
 )
 def test_fsdp_knobs_without_fsdp_are_errors(device, use_fsdp, args, needle):

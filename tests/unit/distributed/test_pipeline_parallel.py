@@ -114,3 +114,12 @@ def test_refusals_are_one_line(args, message):
 def test_model_refusals(args, message):
     with pytest.raises(ConfigError, match=message):
         check_layout(load_config(args), 2)
+
+
+def test_expert_parallel_under_pp_borrows_each_slices_dp_ranks():
+    # 30B-A3B: an untied MoE flavor (sizes only, nothing is built).
+    args = PP2 + ["--parallelism.expert_parallel_degree", "2", "--model.flavor", "30B-A3B"]
+    pd = check_layout(load_config(args), 4).parallel_dims
+    assert (pd.pp, pd.dp_shard, pd.ep, pd.efsdp) == (2, 2, 2, 1)
+    with pytest.raises(ConfigError, match="expert_parallel_degree = 2 must divide"):
+        check_layout(load_config(args), 2)  # pp 2 on 2 ranks leaves dp_shard 1

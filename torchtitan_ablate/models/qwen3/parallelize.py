@@ -5,7 +5,8 @@ PP. pipeline parallel before everything: it cuts the model into this rank's stag
    keeping their own modules under their original names), and every step below then applies to
    each stage as to a whole model (its own FSDP root, its blocks AC'd and compiled), so none of
    them needs to know about stages. Each stage is then materialized and initialized by the build
-   path like a whole model. LoRA, float8, TP, EP and CP with PP are refused for now.
+   path like a whole model; expert parallel shards each part's experts over its own ep ranks.
+   LoRA, float8, TP and CP with PP are refused for now.
 0. LoRA first (when enabled): it adds the adapter parameters that EP and FSDP must shard like
    their base weights, and its adapted projections are no longer nn.Linear, so float8 leaves
    them (frozen base included) in high precision instead of dropping the adapters.
@@ -38,6 +39,7 @@ from torchtitan_ablate.components.quantization.float8 import apply_float8
 from torchtitan_ablate.config import ConfigError
 from torchtitan_ablate.config.derived import compiles
 from torchtitan_ablate.config.job_config import JobConfig
+from torchtitan_ablate.config.pipeline_rules import SPLIT_BACKWARD
 from torchtitan_ablate.distributed.activation_checkpoint import apply_ac
 from torchtitan_ablate.distributed.context_parallel import apply_cp
 from torchtitan_ablate.distributed.ep_token_dispatch import TokenDispatch
@@ -66,13 +68,23 @@ def tp_split_sizes(args: Qwen3ModelArgs) -> dict[str, int]:
 
 
 def check_fsdp_knobs(job_config: JobConfig, device_type: str, use_fsdp: bool) -> None:
-    """FSDP settings that would be silently ignored are errors, raised before anything is built.
+    """FSDP settings that would be silently ignored, or break the pipeline's split backward, are
+    errors, raised before anything is built.
 
     Without FSDP (one rank, float32 parameters) parameters stay whole and gradients are not
     reduced: cpu offload and bf16 reduction cannot happen, and "always" cannot free anything
     ("never", keeping parameters gathered, is what happens anyway).
     """
     p, t = job_config.parallelism, job_config.training
+    split = p.pipeline_parallel_degree > 1 and p.pipeline_parallel_schedule in SPLIT_BACKWARD
+    if use_fsdp and split and p.fsdp_reshard_after_forward != "never":
+        # The weight pass would find no gradient for a block resharded after its forward.
+        raise ConfigError(
+            f"parallelism.pipeline_parallel_schedule = {p.pipeline_parallel_schedule!r} with "
+            f"FSDP needs parallelism.fsdp_reshard_after_forward = 'never' (it is "
+            f"{p.fsdp_reshard_after_forward!r}): its split backward lists the weights before "
+            "FSDP re-gathers the blocks it resharded after forward, which then get no gradient"
+        )
     if p.fsdp_cpu_offload and device_type != "cuda":
         raise ConfigError(
             "parallelism.fsdp_cpu_offload = true needs CUDA devices (it keeps GPU parameters "
