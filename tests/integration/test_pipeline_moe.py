@@ -34,10 +34,9 @@ ARGS = [
 AUX = ["--model.moe_aux_loss_coef", "1e-2"]
 PP2 = [P + "pipeline_parallel_degree", "2", P + "pipeline_parallel_microbatch_size", "2"]
 SCHEDULES = ("1F1B", "ZBVZeroBubble")
-# pp 2 x dp_shard 2 (EP borrows its ranks): 4 of the 8 sequences per dp rank. FSDP is on, so
-# ZBVZeroBubble's split backward needs the weights kept gathered from forward to backward.
+# pp 2 x dp_shard 2 (EP borrows its ranks): 4 of the 8 sequences per dp rank. FSDP is on: under
+# PP its default keeps the weights gathered from forward to backward (ZBVZeroBubble needs it).
 EP2 = [P + "expert_parallel_degree", "2", "--training.local_batch_size", "4"]
-KEEP = {"1F1B": [], "ZBVZeroBubble": [P + "fsdp_reshard_after_forward", "never"]}
 
 
 def _runs(root: str, cases: list[tuple[str, list[str]]]) -> dict:
@@ -69,7 +68,7 @@ def pp2(root) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def pp2_ep2(root) -> list[dict]:
-    cases = [(f"ep2_{s}", _schedule(s) + EP2 + KEEP[s]) for s in SCHEDULES]
+    cases = [(f"ep2_{s}", _schedule(s) + EP2) for s in SCHEDULES]
     cases += [("ep2_aux", _schedule("1F1B") + EP2 + AUX)]
     return run_distributed(_runs, 4, root, cases, timeout_s=300)
 

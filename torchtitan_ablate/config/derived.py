@@ -7,6 +7,7 @@ from fractions import Fraction
 from torchtitan_ablate.config.errors import ConfigError
 from torchtitan_ablate.config.job_config import Compile, JobConfig, Training
 from torchtitan_ablate.config.optim_config import LRScheduler
+from torchtitan_ablate.config.parallelism_config import Parallelism
 
 COMPILE_PARTS = ("model", "loss")
 
@@ -24,6 +25,16 @@ def resolved_loss_impl(training: Training) -> str:
     if training.loss_impl != "auto":
         return training.loss_impl
     return "chunked" if training.loss_chunk_size > 0 else "plain"
+
+
+def resolved_reshard_after_forward(p: Parallelism) -> str:
+    """parallelism.fsdp_reshard_after_forward with "default" resolved: "never" under pipeline
+    parallel (as torchtitan: each micro-batch's forward would gather the part's weights again,
+    and the zero-bubble schedules' weight pass needs them still gathered), else "default"
+    (every block but the last resharded after forward)."""
+    if p.fsdp_reshard_after_forward == "default" and p.pipeline_parallel_degree > 1:
+        return "never"
+    return p.fsdp_reshard_after_forward
 
 
 def compiles(compile_config: Compile, part: str) -> bool:

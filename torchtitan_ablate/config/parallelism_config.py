@@ -40,7 +40,8 @@ class Parallelism:
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
     """never keeps gathered parameters until backward (ZeRO-2-like; under gradient accumulation
     until the step's last backward); always frees them after forward (ZeRO-3); default = always
-    except the last block, whose backward starts at once. The final norm and output head (and
+    except the last block, whose backward starts at once, and never under pipeline parallel (as
+    torchtitan: each micro-batch's forward would gather again). The final norm and output head (and
     the tied table) stay gathered until backward in every mode. always needs FSDP (more than one
     rank or bf16 parameters)."""
 
@@ -58,8 +59,8 @@ class Parallelism:
     part per rank; Interleaved1F1B, InterleavedZeroBubble (looped) and ZBVZeroBubble (V-shaped:
     a rank holds the first and the last part): several parts per rank (2 unless
     pipeline_parallel_layers_per_stage says otherwise). InterleavedZeroBubble and ZBVZeroBubble
-    split each backward into an input and a weight pass: with FSDP they need
-    fsdp_reshard_after_forward = never."""
+    split each backward into an input and a weight pass: they need torch 2.13 or newer, and
+    refuse fsdp_reshard_after_forward = always."""
 
     pipeline_parallel_microbatch_size: int = 1
     """Sequences per pipeline micro-batch: each loader batch (training.local_batch_size

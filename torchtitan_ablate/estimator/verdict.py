@@ -5,6 +5,8 @@ import json
 import os
 
 from torchtitan_ablate.config import JobConfig
+from torchtitan_ablate.config.derived import resolved_reshard_after_forward
+from torchtitan_ablate.config.pipeline_rules import SPLIT_BACKWARD
 
 LABELS = {
     "parameters": "parameters (sharded)",
@@ -86,11 +88,15 @@ def candidate_knobs(config: JobConfig, world_size: int) -> list[tuple[str, dict]
     out = []
     if config.activation_checkpoint.mode != "full":
         out.append(("--activation_checkpoint.mode full", {"activation_checkpoint.mode": "full"}))
-    if p.fsdp_reshard_after_forward == "never":
+    # Resharding after forward frees the gathered weights: "default" does, except under
+    # pipeline parallel, where only "always" does (and zero-bubble schedules refuse it).
+    looser = "always" if p.pipeline_parallel_degree > 1 else "default"
+    refused = looser == "always" and p.pipeline_parallel_schedule in SPLIT_BACKWARD
+    if resolved_reshard_after_forward(p) == "never" and not refused:
         out.append(
             (
-                "--parallelism.fsdp_reshard_after_forward default",
-                {"parallelism.fsdp_reshard_after_forward": "default"},
+                f"--parallelism.fsdp_reshard_after_forward {looser}",
+                {"parallelism.fsdp_reshard_after_forward": looser},
             )
         )
     if p.data_parallel_replicate_degree > 1:
@@ -103,7 +109,8 @@ def candidate_knobs(config: JobConfig, world_size: int) -> list[tuple[str, dict]
     if t.local_batch_size > 1:
         half = t.local_batch_size // 2
         # The global batch is the recipe: keep it, and the halved micro-batches accumulate.
-        dp = world_size // p.context_parallel_degree
+        other = p.context_parallel_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree
+        dp = world_size // other
         global_batch = t.local_batch_size * dp if t.global_batch_size == -1 else t.global_batch_size
         out.append(
             (

@@ -6,6 +6,7 @@ import torch
 
 from torchtitan_ablate.build import check_layout
 from torchtitan_ablate.config import ConfigError, load_config
+from torchtitan_ablate.config.derived import resolved_reshard_after_forward
 from torchtitan_ablate.config.parallelism_config import Parallelism
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims, ParallelDimsError
 from torchtitan_ablate.distributed.pipeline_parallel import (
@@ -15,6 +16,7 @@ from torchtitan_ablate.distributed.pipeline_parallel import (
     stage_ids,
 )
 from torchtitan_ablate.models.qwen3 import Qwen3Model, qwen3_flavors
+from torchtitan_ablate.models.qwen3.parallelize import check_fsdp_knobs
 
 PP2 = ["--parallelism.pipeline_parallel_degree", "2"]
 
@@ -123,3 +125,18 @@ def test_expert_parallel_under_pp_borrows_each_slices_dp_ranks():
     assert (pd.pp, pd.dp_shard, pd.ep, pd.efsdp) == (2, 2, 2, 1)
     with pytest.raises(ConfigError, match="expert_parallel_degree = 2 must divide"):
         check_layout(load_config(args), 2)  # pp 2 on 2 ranks leaves dp_shard 1
+
+
+@pytest.mark.parametrize("schedule", ["ZBVZeroBubble", "InterleavedZeroBubble"])
+def test_split_backward_schedules_keep_fsdp_weights_gathered(schedule):
+    """Under PP, FSDP's default keeps each part's weights gathered from forward to backward (as
+    torchtitan); "always" would leave the zero-bubble weight pass without gradients: refused."""
+    args = PP2 + ["--parallelism.pipeline_parallel_schedule", schedule]
+    config = load_config(args)
+    assert resolved_reshard_after_forward(config.parallelism) == "never"
+    check_fsdp_knobs(config, "cpu", use_fsdp=True)
+    config = load_config(args + ["--parallelism.fsdp_reshard_after_forward", "always"])
+    with pytest.raises(ConfigError, match="'default' or 'never' \\(it is 'always'\\)"):
+        check_fsdp_knobs(config, "cpu", use_fsdp=True)
+    one_rank = load_config(["--parallelism.fsdp_reshard_after_forward", "default"])
+    assert resolved_reshard_after_forward(one_rank.parallelism) == "default"

@@ -28,11 +28,7 @@ CASES = {
     "1F1B": ARGS,
     # Two parts per rank (rank 0 holds the first and the last): both parts' weights, optimizer
     # state and in-flight activations count.
-    # (zero-bubble schedules with FSDP keep the blocks gathered after forward).
-    "ZBVZeroBubble": [
-        *ARGS, P + "pipeline_parallel_schedule", "ZBVZeroBubble",
-        P + "fsdp_reshard_after_forward", "never",
-    ],  # fmt: skip
+    "ZBVZeroBubble": [*ARGS, P + "pipeline_parallel_schedule", "ZBVZeroBubble"],
 }
 
 

@@ -37,7 +37,7 @@ import torch.nn as nn
 from torchtitan_ablate.components.compile import INDUCTOR, CompileBackend, apply_compile
 from torchtitan_ablate.components.quantization.float8 import apply_float8
 from torchtitan_ablate.config import ConfigError
-from torchtitan_ablate.config.derived import compiles
+from torchtitan_ablate.config.derived import compiles, resolved_reshard_after_forward
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.config.pipeline_rules import SPLIT_BACKWARD
 from torchtitan_ablate.distributed.activation_checkpoint import apply_ac
@@ -77,11 +77,11 @@ def check_fsdp_knobs(job_config: JobConfig, device_type: str, use_fsdp: bool) ->
     """
     p, t = job_config.parallelism, job_config.training
     split = p.pipeline_parallel_degree > 1 and p.pipeline_parallel_schedule in SPLIT_BACKWARD
-    if use_fsdp and split and p.fsdp_reshard_after_forward != "never":
+    if use_fsdp and split and resolved_reshard_after_forward(p) != "never":
         # The weight pass would find no gradient for a block resharded after its forward.
         raise ConfigError(
             f"parallelism.pipeline_parallel_schedule = {p.pipeline_parallel_schedule!r} with "
-            f"FSDP needs parallelism.fsdp_reshard_after_forward = 'never' (it is "
+            f"FSDP needs parallelism.fsdp_reshard_after_forward = 'default' or 'never' (it is "
             f"{p.fsdp_reshard_after_forward!r}): its split backward lists the weights before "
             "FSDP re-gathers the blocks it resharded after forward, which then get no gradient"
         )
@@ -198,7 +198,7 @@ def _parallelize_part(
             pd.mesh("fsdp"),
             param_dtype=dtype,
             reduce_dtype=getattr(torch, job_config.training.mixed_precision_reduce),
-            reshard_after_forward=p.fsdp_reshard_after_forward,
+            reshard_after_forward=resolved_reshard_after_forward(p),
             cpu_offload=p.fsdp_cpu_offload,
             experts_mesh=pd.mesh("experts_fsdp") if pd.ep_enabled else None,
         )
