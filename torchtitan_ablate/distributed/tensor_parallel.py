@@ -94,6 +94,24 @@ def _block_plan() -> dict:
     }
 
 
+# The weights of the model's ends, split by vocabulary rows (see apply_tp).
+_END_SHARD_DIMS = {"tok_embeddings": 0, "output": 0}
+
+
+def tp_shard_dim(module_name: str) -> int | None:
+    """The dim apply_tp splits the weight of the module named `module_name` (the whole model's
+    name, e.g. "layers.3.attention.wo") on: 0 (output rows), 1 (input columns), or None when
+    it stays whole (the norms). The memory estimator's model-state floor reads it."""
+    if module_name in _END_SHARD_DIMS:
+        return _END_SHARD_DIMS[module_name]
+    style = _block_plan().get(module_name.split(".", 2)[-1])
+    if isinstance(style, ColwiseParallel):
+        return 0
+    if isinstance(style, RowwiseParallel):
+        return 1
+    return None
+
+
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Shards a dense Qwen3 model (meta device is fine) over `tp_mesh` in place.
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from torchtitan_ablate.config import ConfigError, JobConfig
 from torchtitan_ablate.estimator.cuda_model import context_gib
-from torchtitan_ablate.estimator.floor import ParamShape, StateFloor, state_floor
+from torchtitan_ablate.estimator.floor import ParamShape, StateFloor, pipeline_floor
 from torchtitan_ablate.layout import build_parallel_dims, check_layout
 
 MAX_WORLD_SIZE = 1024
@@ -53,7 +53,7 @@ def ladder(start: int, limit: int = MAX_WORLD_SIZE) -> Iterator[int]:
 
 
 def floor_at(config: JobConfig, params: list[ParamShape], world_size: int) -> StateFloor:
-    return state_floor(params, build_parallel_dims(config, world_size))
+    return pipeline_floor(config, params, build_parallel_dims(config, world_size))
 
 
 def floor_fits(floor: StateFloor, device_gib: float) -> bool:

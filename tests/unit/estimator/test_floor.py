@@ -28,8 +28,12 @@ def _recipe(name: str, *extra: str):
 
 @pytest.mark.parametrize(
     "base, world_size, extra",
-    [(DENSE, 2, []), (MOE, 4, EP2_HSDP_LORA)],
-    ids=["fsdp2_dense", "moe_ep2_hsdp_lora"],
+    [
+        (DENSE, 2, []),
+        (MOE, 4, EP2_HSDP_LORA),
+        (DENSE, 4, ["--parallelism.tensor_parallel_degree", "2"]),
+    ],
+    ids=["fsdp2_dense", "moe_ep2_hsdp_lora", "tp2_fsdp2_dense"],
 )
 def test_floor_is_the_traced_model_state(base, world_size, extra):
     # Parameters and Adam's moments are resident through the whole traced step: the floor,
@@ -40,6 +44,24 @@ def test_floor_is_the_traced_model_state(base, world_size, extra):
     cats = estimate(config)["by_category"]
     assert floor.parameters_gib == cats["parameters"]
     assert floor.optimizer_gib == cats["optimizer_states"]
+
+
+def test_pipeline_floor_is_the_busiest_pipeline_rank():
+    # The 8B shapes (untied) cut to 4 blocks with a small vocabulary: PP 2 puts the embedding
+    # and 2 blocks on one rank, 2 blocks, the final norm and the head on the other, each
+    # FSDP-sharded over 2. The floor is the second's; the trace reports the rank of the higher
+    # peak, the first here: they differ by the final norm's shard (8 KiB of 0.73 GiB).
+    small = ["--model.n_layers", "4", "--model.vocab_size", "1024", "--training.seq_len", "64"]
+    small += ["--training.local_batch_size", "2", "--compile.enable", "false"]
+    pp2 = _recipe("qwen3_8b_fsdp", *small, "--parallelism.pipeline_parallel_degree", "2")
+    pp2.memory_estimation.world_size = 4
+    floor = floor_at(pp2, model_state(pp2), 4)
+    cats = estimate(pp2)["by_category"]
+    assert floor.parameters_gib == pytest.approx(cats["parameters"], abs=8 * 1024 / 1024**3)
+    # Two moments of the norm shard and its step count.
+    assert floor.optimizer_gib == pytest.approx(cats["optimizer_states"], abs=20 * 1024 / 1024**3)
+    whole = floor_at(_recipe("qwen3_8b_fsdp", *small), model_state(pp2), 2)
+    assert floor.total_gib == pytest.approx(whole.total_gib / 2, rel=0.01)
 
 
 def test_floor_of_8b_on_one_gpu_is_its_fp32_state():
