@@ -265,9 +265,10 @@ def build_run(
     if pd.pp_enabled:
         head = build_loss_head(config, options)
         n_layers, batch = layout.model_args.n_layers, config.training.local_batch_size
+        # Under context parallel a part sees only its cp rank's zigzag slice of the sequence.
         meta = ActivationMeta(
             config.parallelism.pipeline_parallel_microbatch_size,
-            config.training.seq_len,
+            config.training.seq_len // pd.cp,
             layout.model_args.dim,
             param_dtype(config.training, device.type),
         )

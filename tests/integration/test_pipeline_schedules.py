@@ -2,24 +2,20 @@
 per-step losses within 1e-5 relative, final parameters within 1e-4 (the tolerances of
 test_parallel_equivalence); a PP 2 checkpoint resumes at PP 2 and on one process.
 
-The debug model is untied here (PP refuses tied embeddings) and narrowed (dim 64): a broken
-schedule's gradients or updates still move the weights far past 1e-4, in a third of the time.
+The debug model is untied (PP refuses tied embeddings) and narrowed to dim 64 by
+tests/helpers/pipeline_runs.py.
 Three process groups in all, each training several configs in turn (a spawn and its first
 step cost more than the training): 2 ranks (every schedule, 1F1B with compiled blocks, then the
 PP 2 checkpoint run and its PP 2 resume), 1 rank (the reference, then the one-process
 resume), 4 ranks (PP 2 x FSDP 2).
 """
 
-import os
-import shutil
-from dataclasses import replace
-
 import pytest
-import torch.distributed as dist
 
 from tests.helpers.distributed import run_distributed
-from tests.helpers.parallel_harness import assert_same_training, train_layout
-from torchtitan_ablate.models.qwen3 import qwen3_flavors
+from tests.helpers.parallel_harness import assert_same_training
+from tests.helpers.pipeline_runs import Case
+from tests.helpers.pipeline_runs import train_narrow_cases as _runs
 
 pytestmark = pytest.mark.slow
 
@@ -33,24 +29,6 @@ MICRO2 = [P + "pipeline_parallel_microbatch_size", "2"]
 # norm + head).
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble")
 CKPT = ["--checkpoint.enable", "--checkpoint.interval", "1"] + ARGS
-STEP1 = os.path.join("checkpoint", "step-1")
-Case = tuple[str, list[str], str | None]  # name, args, the run whose step-1 checkpoint it loads
-
-
-def _runs(root: str, cases: list[Case]) -> dict:
-    """On every rank: each case in turn, in root/<name>; a case that resumes starts from a copy
-    of that run's step-1 checkpoint (a copy: the resumed run prunes its own folder)."""
-    debug = qwen3_flavors["debugmodel"]
-    narrow = dict(dim=64, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128)
-    qwen3_flavors["debugmodel"] = replace(debug, tie_embeddings=False, **narrow)
-    out = {}
-    for name, args, resumes in cases:
-        folder = os.path.join(root, name)
-        if resumes is not None and dist.get_rank() == 0:
-            shutil.copytree(os.path.join(root, resumes, STEP1), os.path.join(folder, STEP1))
-        dist.barrier()
-        out[name] = train_layout(folder, args)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -51,9 +51,6 @@ def check_pipeline_parallel(config: JobConfig) -> None:
         f"parallelism.pipeline_parallel_microbatch_size = {mb} (the pipeline's micro-batches)",
     )
     others = {
-        f"parallelism.context_parallel_degree = {p.context_parallel_degree}": (
-            p.context_parallel_degree > 1
-        ),
         f"parallelism.tensor_parallel_degree = {p.tensor_parallel_degree}": (
             p.tensor_parallel_degree > 1
         ),

@@ -231,7 +231,8 @@ def build_pipeline(
 @dataclass
 class ActivationMeta:
     """What crosses a stage boundary: token ids [mb, seq] into the first stage, hidden states
-    [mb, seq, dim] of `dtype` between stages, the scalar loss sum out of the last."""
+    [mb, seq, dim] of `dtype` between stages, the scalar loss sum out of the last. seq is this
+    rank's sequence: training.seq_len / context_parallel_degree (each cp rank's zigzag slice)."""
 
     microbatch_size: int
     seq_len: int

@@ -86,7 +86,6 @@ def test_parallel_dims_counts_pp():
         (["--parallelism.pipeline_parallel_schedule", "GPipe"], "needs parallelism.pipeline_para"),
         (PP2 + ["--parallelism.pipeline_parallel_microbatch_size", "3"], "multiple of"),
         (PP2 + ["--parallelism.tensor_parallel_degree", "2"], "tensor_parallel_degree = 2 is not"),
-        (PP2 + ["--parallelism.context_parallel_degree", "2"], "context_parallel_degree = 2 is "),
         (PP2 + ["--lora.enable", "true"], "with lora.enable = true is not supported yet"),
         (
             PP2 + ["--validation.enable", "true", "--validation.dataset_path", "x.jsonl"],
@@ -116,6 +115,16 @@ def test_refusals_are_one_line(args, message):
 def test_model_refusals(args, message):
     with pytest.raises(ConfigError, match=message):
         check_layout(load_config(args), 2)
+
+
+def test_context_parallel_under_pp_is_accepted_with_its_sequence_rule():
+    """PP 2 x CP 2 (the training equivalence: tests/integration/test_pipeline_context_parallel.py);
+    the cp rule on the sequence still holds under PP (2 * cp must divide training.seq_len)."""
+    args = PP2 + ["--parallelism.context_parallel_degree", "2", "--model.flavor", "8B"]
+    pd = check_layout(load_config(args + ["--training.seq_len", "64"]), 4).parallel_dims
+    assert (pd.pp, pd.cp, pd.dp_shard) == (2, 2, 1)
+    with pytest.raises(ConfigError, match="must be divisible by 2 \\* context_parallel_degree"):
+        check_layout(load_config(args + ["--training.seq_len", "66"]), 4)
 
 
 def test_expert_parallel_under_pp_borrows_each_slices_dp_ranks():

@@ -1,0 +1,35 @@
+"""Train configs in turn on every rank with the debug model untied and narrowed, for the
+pipeline-parallel equivalence tests (PP refuses tied embeddings).
+
+Narrowed to dim 64: a broken schedule's gradients or updates still move the weights far past
+1e-4, in a third of the time. Patched inside the rank function: ranks are forked processes, so
+the patch stays in them.
+"""
+
+import os
+import shutil
+from dataclasses import replace
+
+import torch.distributed as dist
+
+from tests.helpers.parallel_harness import train_layout
+from torchtitan_ablate.models.qwen3 import qwen3_flavors
+
+STEP1 = os.path.join("checkpoint", "step-1")
+Case = tuple[str, list[str], str | None]  # name, args, the run whose step-1 checkpoint it loads
+
+
+def train_narrow_cases(root: str, cases: list[Case]) -> dict:
+    """On every rank: each case in turn, in root/<name>; a case that resumes starts from a copy
+    of that run's step-1 checkpoint (a copy: the resumed run prunes its own folder)."""
+    debug = qwen3_flavors["debugmodel"]
+    narrow = dict(dim=64, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128)
+    qwen3_flavors["debugmodel"] = replace(debug, tie_embeddings=False, **narrow)
+    out = {}
+    for name, args, resumes in cases:
+        folder = os.path.join(root, name)
+        if resumes is not None and dist.get_rank() == 0:
+            shutil.copytree(os.path.join(root, resumes, STEP1), os.path.join(folder, STEP1))
+        dist.barrier()
+        out[name] = train_layout(folder, args)
+    return out
