@@ -50,7 +50,8 @@ class Parallelism:
     off. Each rank holds one or more model parts: consecutive blocks, the
     first part also the embedding, the last the final norm and output head. Models with untied
     embeddings only (8B and larger flavors, 30B-A3B); MoE also with expert parallel (each
-    part's experts split over the ep ranks of its own pp slice)."""
+    part's experts split over the ep ranks of its own pp slice); with context parallel each
+    part takes its cp rank's training.seq_len / context_parallel_degree tokens."""
 
     pipeline_parallel_schedule: Literal[
         "1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"
