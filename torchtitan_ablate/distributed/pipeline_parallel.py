@@ -125,10 +125,21 @@ def check_pipeline(config: JobConfig, model_args: Any) -> None:
             f"(this is {torch.__version__}: its weight-gradient pass fails on custom autograd "
             "functions, which the loss and the MoE aux loss are); use 1F1B or Interleaved1F1B"
         )
+    p = config.parallelism
     try:
-        plan_stages(config.parallelism, model_args.n_layers)
+        stages = len(plan_stages(p, model_args.n_layers))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    n_micro = config.training.local_batch_size // p.pipeline_parallel_microbatch_size
+    if schedule == "1F1B" and n_micro < stages:
+        # torch's 1F1B fills the pipeline before its first backward: one micro-batch per part.
+        raise ConfigError(
+            f"parallelism.pipeline_parallel_schedule = '1F1B' over {stages} parts needs at "
+            f"least {stages} micro-batches per loader batch, not {n_micro} "
+            f"(training.local_batch_size {config.training.local_batch_size} / "
+            f"pipeline_parallel_microbatch_size {p.pipeline_parallel_microbatch_size}): raise "
+            "the batch, lower the micro-batch size, or use GPipe"
+        )
 
 
 # Schedules that split each backward into an input-gradient and a weight-gradient pass.

@@ -149,3 +149,12 @@ def test_split_backward_schedules_keep_fsdp_weights_gathered(schedule):
         check_fsdp_knobs(config, "cpu", use_fsdp=True)
     one_rank = load_config(["--parallelism.fsdp_reshard_after_forward", "default"])
     assert resolved_reshard_after_forward(one_rank.parallelism) == "default"
+
+
+def test_1f1b_needs_a_micro_batch_per_part():
+    # 8B shapes (untied), PP 4 over 4 parts: 2 micro-batches cannot fill the pipeline.
+    args = ["--model.flavor", "8B", "--parallelism.pipeline_parallel_degree", "4"]
+    args += ["--training.local_batch_size", "2"]
+    with pytest.raises(ConfigError, match="needs at least 4 micro-batches per loader batch, not 2"):
+        check_layout(load_config(args), 4)
+    check_layout(load_config(args + ["--parallelism.pipeline_parallel_schedule", "GPipe"]), 4)
