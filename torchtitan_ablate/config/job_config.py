@@ -237,7 +237,7 @@ class Float8:
 
     recipe: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = "tensorwise"
     """torchao float8 scaling recipe; rowwise_with_gw_hp keeps the weight-gradient GEMM in bf16
-    (more accurate than rowwise, a little slower)."""
+    (more accurate than rowwise, a little slower). Tensor parallel takes tensorwise only."""
 
     enable_fsdp_float8_all_gather: bool = False
     """All-gather FSDP parameters in float8 (tensorwise only)."""

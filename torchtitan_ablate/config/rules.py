@@ -102,12 +102,17 @@ def _check_tensor_parallel(config: JobConfig) -> None:
     ep = p.expert_parallel_degree
     others = {
         f"parallelism.expert_parallel_degree = {ep}": ep > 1,
-        "float8.enable = true": config.float8.enable,
         "lora.enable = true": config.lora.enable,
         "training.dataset = 'preference' (DPO)": dpo_enabled(config),
     }
     for name, on in others.items():
         require(not on, f"{key} with {name} is not supported yet; use one or the other")
+    f8 = config.float8
+    require(
+        not f8.enable or f8.recipe == "tensorwise",
+        f"{key} with float8.recipe = {f8.recipe!r} is not supported: torchao's float8 tensor "
+        "parallel styles are tensorwise only; set float8.recipe = 'tensorwise'",
+    )
 
 
 def _check_force_load_balance(config: JobConfig) -> None:

@@ -32,8 +32,15 @@ Layout per block (torchtitan's plan, Megatron-LM's scheme):
   loss sum is per rank, and the trainer sums it over the tp ranks with the dp / cp ones
   (ParallelDims.loss_group).
 
+- float8 (tensorwise): the block's float8 linears take torchao's float8 styles instead
+  (`TPStyles`, see float8_tensor_parallel.py); same sharding, but the inputs are cast to float8
+  before the sequence all-gather (scales from the amax over the whole DTensor, all ranks).
+
 Shape legend: B batch, S sequence, D model dim, V vocabulary.
 """
+
+from collections.abc import Container
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -68,29 +75,57 @@ def tp_shard_labels(labels_BS: torch.Tensor, tp_mesh: DeviceMesh) -> torch.Tenso
     return labels_BS[:, start : start + chunk]
 
 
-def _block_plan() -> dict:
-    """The plan of one dense transformer block (see the module docstring)."""
+@dataclass(frozen=True)
+class TPStyles:
+    """The style classes of one kind of linear: plain (nn.Linear) or float8's."""
+
+    colwise: type[ColwiseParallel] = ColwiseParallel
+    rowwise: type[RowwiseParallel] = RowwiseParallel
+    prepare_input: type[PrepareModuleInput] = PrepareModuleInput
+
+
+PLAIN = TPStyles()
+_ATTN_IN = ("attention.wq", "attention.wk", "attention.wv")
+_FFN_IN = ("feed_forward.w1", "feed_forward.w3")
+
+
+def _block_plan(special: TPStyles = PLAIN, converted: Container[str] = ()) -> dict:
+    """The plan of one dense transformer block (see the module docstring). The linears named in
+    `converted` (block-relative names) take `special`'s styles; an input is prepared with
+    `special`'s style only when every linear reading it is converted (a float8 input would
+    reach a plain linear otherwise)."""
+
+    def col(name: str) -> ColwiseParallel:
+        return (special if name in converted else PLAIN).colwise()
+
+    def row(name: str) -> RowwiseParallel:
+        style = special if name in converted else PLAIN
+        return style.rowwise(output_layouts=Shard(1), use_local_output=False)
+
+    def prepare(readers: tuple[str, ...]) -> type[PrepareModuleInput]:
+        return (special if all(r in converted for r in readers) else PLAIN).prepare_input
+
     return {
         "attention_norm": SequenceParallel(),
         # (x, cos, sin, mask): only x is sharded; RoPE tables and mask cover the whole sequence.
-        "attention": PrepareModuleInput(
+        "attention": prepare(_ATTN_IN)(
             input_layouts=(Shard(1), None, None, None),
             desired_input_layouts=(Replicate(), None, None, None),
         ),
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
+        "attention.wq": col("attention.wq"),
+        "attention.wk": col("attention.wk"),
+        "attention.wv": col("attention.wv"),
         # [B, S, heads / tp, K]: the per-head norms see the rank's heads as a Shard(2) DTensor.
         "attention.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
         "attention.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
-        "attention.wo": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+        "attention.wo": row("attention.wo"),
         "ffn_norm": SequenceParallel(),
-        "feed_forward": PrepareModuleInput(
+        "feed_forward": prepare(_FFN_IN)(
             input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
         ),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w3": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+        "feed_forward.w1": col("feed_forward.w1"),
+        "feed_forward.w3": col("feed_forward.w3"),
+        "feed_forward.w2": row("feed_forward.w2"),
     }
 
 
@@ -112,8 +147,16 @@ def tp_shard_dim(module_name: str) -> int | None:
     return None
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+def apply_tp(
+    model: nn.Module,
+    tp_mesh: DeviceMesh,
+    special: TPStyles = PLAIN,
+    is_special: type[nn.Module] | None = None,
+) -> None:
     """Shards a dense Qwen3 model (meta device is fine) over `tp_mesh` in place.
+
+    special / is_special: the block linears that are instances of `is_special` (float8's
+    Float8Linear) take `special`'s styles (float8_tensor_parallel.float8_tp_styles).
 
     Call before CP, AC, compile and FSDP (parallelize_qwen3's order): FSDP then shards the
     tp-local parameters over the dp ranks (a 2-D layout). The batch's labels must be sliced with
@@ -142,4 +185,9 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         output.weight = nn.Parameter(sharded)
     output.weight_fn = gather_vocab_shards
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, _block_plan())
+        converted = {
+            name
+            for name, module in block.named_modules()
+            if is_special is not None and isinstance(module, is_special)
+        }
+        parallelize_module(block, tp_mesh, _block_plan(special, converted))

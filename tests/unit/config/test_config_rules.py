@@ -178,7 +178,12 @@ TP2 = ["--parallelism.tensor_parallel_degree", "2"]
         ),
         (["--parallelism.tensor_parallel_degree", "0"], "tensor_parallel_degree = 0: must be >= 1"),
         (TP2 + ["--parallelism.expert_parallel_degree", "2"], "expert_parallel_degree = 2 is not"),
-        (TP2 + FLOAT8, "with float8.enable = true is not supported yet"),
+        (
+            TP2 + FLOAT8 + ["--float8.recipe", "rowwise"],
+            "parallelism.tensor_parallel_degree = 2 with float8.recipe = 'rowwise' is not "
+            "supported: torchao's float8 tensor parallel styles are tensorwise only",
+        ),
+        (TP2 + FLOAT8 + ["--float8.recipe", "rowwise_with_gw_hp"], "'rowwise_with_gw_hp' is not"),
         (TP2 + LORA, "with lora.enable = true is not supported yet"),
         (TP2 + ["--training.dataset", "preference"], "(DPO) is not supported yet"),
         (
@@ -198,6 +203,7 @@ def test_tensor_parallel_loads_with_what_it_supports():
     args = TP2 + ["--activation_checkpoint.mode", "full", "--compile.enable", "true"]
     config = load_config(args + ["--parallelism.data_parallel_replicate_degree", "2"])
     assert config.parallelism.tensor_parallel_degree == 2
+    assert load_config(TP2 + FLOAT8).float8.recipe == "tensorwise"  # float8 TP: tensorwise
     config = load_config(TP2 + ["--parallelism.context_parallel_degree", "2"])
     assert config.parallelism.context_parallel_degree == 2
 

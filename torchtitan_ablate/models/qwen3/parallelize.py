@@ -14,10 +14,11 @@ PP. pipeline parallel before everything: it cuts the model into this rank's stag
 2. tensor parallel, first of the parallelisms (as torchtitan): it replaces the Linear weights
    with DTensors split over the tp ranks and hooks their inputs and outputs; everything after
    it (checkpoint wrappers, compiled blocks, FSDP's sharding of those DTensors over the dp ranks
-   as a 2-D layout) must see the final parameters and hooks. float8 with TP is refused for now:
-   torchtitan converts first too, then uses torchao's float8 TP styles for tensorwise scaling
-   so the TP all-gathers move float8; that path needs CUDA to prove equal. LoRA with TP is
-   refused too (TP's styles split nn.Linear, which LoRA's adapted projections no longer are).
+   as a 2-D layout) must see the final parameters and hooks. With float8 (tensorwise; rowwise
+   is refused with TP) the converted linears take torchao's float8 TP styles, as torchtitan:
+   the TP all-gathers move float8 and the scales cover the whole tensors (on CUDA; gloo
+   cannot move float8, so CPU keeps the plain styles, same scales). LoRA with TP is
+   refused (TP's styles split nn.Linear, which LoRA's adapted projections no longer are).
    With TP, FSDP is applied even over one dp rank (step 7).
 3. expert parallel: installs token dispatch/combine around the routed experts.
 4. context parallel: wraps attention so it sees every key/value of the sharded sequence. After
@@ -44,6 +45,7 @@ from torchtitan_ablate.distributed.activation_checkpoint import apply_ac
 from torchtitan_ablate.distributed.context_parallel import apply_cp
 from torchtitan_ablate.distributed.ep_token_dispatch import TokenDispatch
 from torchtitan_ablate.distributed.expert_parallel import RowDispatch, apply_ep
+from torchtitan_ablate.distributed.float8_tensor_parallel import float8_tp_styles
 from torchtitan_ablate.distributed.fsdp import (
     AccumulationPlan,
     apply_fsdp,
@@ -52,7 +54,7 @@ from torchtitan_ablate.distributed.fsdp import (
 )
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.distributed.pipeline_parallel import plan_stages, split_stages, stage_ids
-from torchtitan_ablate.distributed.tensor_parallel import apply_tp
+from torchtitan_ablate.distributed.tensor_parallel import PLAIN, apply_tp
 from torchtitan_ablate.models.common.lora import apply_lora
 from torchtitan_ablate.models.qwen3.args import Qwen3ModelArgs
 
@@ -165,7 +167,9 @@ def _parallelize_part(
         apply_float8(model, job_config.float8, device_type, fsdp_enabled=use_fsdp)
 
     if pd.tp_enabled:
-        apply_tp(model, pd.mesh("tp"))
+        # float8 (tensorwise only, config rules): torchao's float8 styles for Float8Linears.
+        styles = float8_tp_styles(device_type) if job_config.float8.enable else (PLAIN, None)
+        apply_tp(model, pd.mesh("tp"), *styles)
         logger.info(f"tensor parallel: weights split over {pd.tp} ranks (sequence parallel)")
 
     if pd.ep_enabled:
