@@ -1,6 +1,7 @@
 """Pipeline parallel on gloo ranks trains like the one-process run (fp32), with every schedule:
 per-step losses within 1e-5 relative, final parameters within 1e-4 (the tolerances of
-test_parallel_equivalence); a PP 2 checkpoint resumes at PP 2 and on one process.
+test_parallel_equivalence); a PP 2 checkpoint resumes at PP 2 and on one process, and its HF
+export (checkpoint.last_save_in_hf) holds the whole model.
 
 The debug model is untied (PP refuses tied embeddings) and narrowed to dim 64 by
 tests/helpers/pipeline_runs.py.
@@ -10,7 +11,11 @@ PP 2 checkpoint run and its PP 2 resume), 1 rank (the reference, then the one-pr
 resume), 4 ranks (PP 2 x FSDP 2).
 """
 
+import os
+
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from tests.helpers.distributed import run_distributed
 from tests.helpers.parallel_harness import assert_same_training
@@ -28,7 +33,9 @@ MICRO2 = [P + "pipeline_parallel_microbatch_size", "2"]
 # 2 stages per rank for the interleaved ones: 4 stages of the 6 units (embedding, 4 blocks,
 # norm + head).
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble")
-CKPT = ["--checkpoint.enable", "--checkpoint.interval", "1"] + ARGS
+# Every checkpointed run also writes its last step in HF format (float32: comparable to 1e-4).
+HF = ["--checkpoint.last_save_in_hf", "true", "--checkpoint.export_dtype", "float32"]
+CKPT = ["--checkpoint.enable", "--checkpoint.interval", "1", *HF] + ARGS
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +91,19 @@ def test_pp2_checkpoint_resumes_exactly_and_on_one_process(pp2, one):
     after_step1 = {"losses": whole["losses"][1:], "params": whole["params"]}
     for got in (pp2[0]["ckpt_pp2"], one["ckpt_one"]):
         assert_same_training(got, after_step1)
+
+
+def test_hf_export_of_a_pp2_run_is_the_whole_model(root, pp2, one):
+    """checkpoint.last_save_in_hf reads the DCP checkpoint the pipeline ranks just wrote, each
+    its own parts under the whole model's names: the export holds every tensor, equal to the
+    exports of the PP 2 and one-process resumes of the same training."""
+    exports = [
+        load_file(os.path.join(root, run, "checkpoint", "step-3", "hf", "model.safetensors"))
+        for run in ("ckpt", "ckpt_pp2", "ckpt_one")
+    ]
+    whole = exports[0]
+    assert any(k.startswith("lm_head") for k in whole) and any("layers.3." in k for k in whole)
+    for other in exports[1:]:
+        assert other.keys() == whole.keys()
+        for k in whole:
+            torch.testing.assert_close(other[k], whole[k], rtol=0, atol=1e-4)
