@@ -13,8 +13,9 @@ count of --worlds, all on the same global batches (training.data_sharding = "row
 the one-GPU run's (scripts/compare_runs.py). Exit 1 if a run failed or left --rtol.
 
 Layouts at each world size W: FSDP W, FSDP W in ZeRO-2 mode (reshard never), replicate W,
-CP 2 x FSDP W/2, FSDP W with full activation checkpointing, TP 2 x FSDP W/2, MoE with EP W; at
-W = 4 also HSDP 2x2 and HSDP 2x2 x EP 2. Pipeline parallel needs untied embeddings: PP 2
+CP 2 x FSDP W/2, FSDP W with full activation checkpointing, TP 2 x FSDP W/2, TP 2 with float8
+(tensorwise; against the bf16 run), MoE with EP W; at W = 4 also HSDP 2x2, HSDP 2x2 x EP 2,
+TP 2 x CP 2, PP 2 x CP 2 and the MoE model at PP 2 x EP 2. Pipeline parallel needs untied embeddings: PP 2
 (1F1B, eager and compiled) and PP 2 x FSDP W/2 (GPipe at W = 4) train the 8B flavor cut to
 --dense-layers blocks, against a one-GPU run of that model without compile (not with --cpu:
 the debug flavors tie their embeddings); at W = 2 the MoE model also trains with PP 2 (1F1B),
@@ -108,7 +109,10 @@ train() {  # train NAME NGPU dense|moe [--section.key value ...]
     *) model_args=("${moe[@]}") ;;
   esac
   if [ -n "$only" ] && ! grep -qE "$only" <<<"$name"; then return; fi
-  if [ "$model" = untied ] && [ "$cpu" = 1 ]; then return; fi
+  # --cpu trains the debug flavors, which tie their embeddings: no pipeline parallel there.
+  if [ "$cpu" = 1 ] && { [ "$model" = untied ] || [[ " $* " == *pipeline_parallel_degree* ]]; }; then
+    return
+  fi
   case $name in
     *_ref) ;;
     dense_*) dense_runs+=("$out/$name") ;;
@@ -142,10 +146,14 @@ for w in $worlds; do
   else
     train "pp2_fsdp$((w / 2))_gpipe" "$w" untied "${pp[@]}" $P.pipeline_parallel_schedule GPipe
   fi
+  train "dense_tp2_float8_w$w" "$w" dense $P.tensor_parallel_degree 2 --float8.enable true
   if [ "$w" = 4 ]; then
     train dense_hsdp2x2 4 dense $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2
     train moe_hsdp2x2_ep2 4 moe $P.data_parallel_replicate_degree 2 \
       $P.data_parallel_shard_degree 2 $P.expert_parallel_degree 2
+    train dense_tp2_cp2 4 dense $P.tensor_parallel_degree 2 $P.context_parallel_degree 2
+    train pp2_cp2 4 untied "${pp[@]}" $P.context_parallel_degree 2
+    train moe_pp2_ep2 4 moe "${pp[@]}" $P.expert_parallel_degree 2
   fi
 done
 
