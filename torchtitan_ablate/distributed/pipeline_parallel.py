@@ -36,6 +36,7 @@ from torch.distributed.pipelining.schedules import (
 
 from torchtitan_ablate.config import ConfigError, JobConfig
 from torchtitan_ablate.config.parallelism_config import Parallelism
+from torchtitan_ablate.config.pipeline_rules import SPLIT_BACKWARD
 from torchtitan_ablate.distributed import utils as dist_utils
 from torchtitan_ablate.models.common.output_head import LossHead
 
@@ -118,19 +119,19 @@ def check_pipeline(config: JobConfig, model_args: Any) -> None:
             "parallel puts on different stages; not supported yet (flavors 8B and larger are "
             "untied)"
         )
-    schedule = config.parallelism.pipeline_parallel_schedule
-    if schedule in ZERO_BUBBLE and _torch_version() < (2, 13):
+    p = config.parallelism
+    schedule = p.pipeline_parallel_schedule
+    if schedule in SPLIT_BACKWARD and _torch_version() < (2, 13):
         raise ConfigError(
             f"parallelism.pipeline_parallel_schedule = {schedule!r} needs torch 2.13 or newer "
             f"(this is {torch.__version__}: its weight-gradient pass fails on custom autograd "
             "functions, which the loss and the MoE aux loss are); use 1F1B or Interleaved1F1B"
         )
-    p = config.parallelism
     try:
         stages = len(plan_stages(p, model_args.n_layers))
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    n_micro = config.training.local_batch_size // p.pipeline_parallel_microbatch_size
+    n_micro = num_microbatches(p, config.training.local_batch_size)
     if schedule == "1F1B" and n_micro < stages:
         # torch's 1F1B fills the pipeline before its first backward: one micro-batch per part.
         raise ConfigError(
@@ -142,8 +143,9 @@ def check_pipeline(config: JobConfig, model_args: Any) -> None:
         )
 
 
-# Schedules that split each backward into an input-gradient and a weight-gradient pass.
-ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble")
+def num_microbatches(p: Parallelism, local_batch_size: int) -> int:
+    """Pipeline micro-batches per loader batch (the config rules made the size divide it)."""
+    return local_batch_size // p.pipeline_parallel_microbatch_size
 
 
 def _torch_version() -> tuple[int, int]:
@@ -228,7 +230,7 @@ def build_pipeline(
     ]
     cls = get_schedule_class(p.pipeline_parallel_schedule)
     loss = _ScaledLoss()
-    n_micro = local_batch_size // p.pipeline_parallel_microbatch_size
+    n_micro = num_microbatches(p, local_batch_size)
     single = issubclass(cls, PipelineScheduleSingle)
     schedule = cls(
         pipeline_stages[0] if single else pipeline_stages,
@@ -284,6 +286,11 @@ class _KnownShapesStage(PipelineStage):
         return _StaticVote()
 
 
+# What this torch's PipelineStage takes: 2.11 takes no gradient shapes (it derives them from
+# the activations').
+_STAGE_KWARGS = frozenset(inspect.signature(PipelineStage.__init__).parameters)
+
+
 def _stage_meta(i: int, stages: int, meta: ActivationMeta) -> dict:
     shape = (meta.microbatch_size, meta.seq_len, meta.dim)
     # Hidden states carry gradients back across the boundary: marked as needing them.
@@ -298,9 +305,7 @@ def _stage_meta(i: int, stages: int, meta: ActivationMeta) -> dict:
         "input_grads": (None,) if first else hidden,
         "output_grads": (None,) if last else hidden,
     }
-    # torch 2.11 takes no gradient shapes (it derives them from the activations').
-    accepted = inspect.signature(PipelineStage.__init__).parameters
-    return {k: v for k, v in meta_kwargs.items() if k in accepted}
+    return {k: v for k, v in meta_kwargs.items() if k in _STAGE_KWARGS}
 
 
 def pipeline_forward_backward(pipe: Pipeline, batch: dict, count: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,7 @@ Layout per block (torchtitan's plan, Megatron-LM's scheme):
 Shape legend: B batch, S sequence, D model dim, V vocabulary.
 """
 
+import functools
 from collections.abc import Container
 from dataclasses import dataclass
 
@@ -133,18 +134,25 @@ def _block_plan(special: TPStyles = PLAIN, converted: Container[str] = ()) -> di
 _END_SHARD_DIMS = {"tok_embeddings": 0, "output": 0}
 
 
+@functools.cache
+def _block_shard_dims() -> dict[str, int]:
+    """The block plan's linears and the dim each is split on (0 rows, 1 columns)."""
+    dims = {}
+    for name, style in _block_plan().items():
+        if isinstance(style, ColwiseParallel):
+            dims[name] = 0
+        elif isinstance(style, RowwiseParallel):
+            dims[name] = 1
+    return dims
+
+
 def tp_shard_dim(module_name: str) -> int | None:
     """The dim apply_tp splits the weight of the module named `module_name` (the whole model's
     name, e.g. "layers.3.attention.wo") on: 0 (output rows), 1 (input columns), or None when
     it stays whole (the norms). The memory estimator's model-state floor reads it."""
     if module_name in _END_SHARD_DIMS:
         return _END_SHARD_DIMS[module_name]
-    style = _block_plan().get(module_name.split(".", 2)[-1])
-    if isinstance(style, ColwiseParallel):
-        return 0
-    if isinstance(style, RowwiseParallel):
-        return 1
-    return None
+    return _block_shard_dims().get(module_name.split(".", 2)[-1])
 
 
 def apply_tp(

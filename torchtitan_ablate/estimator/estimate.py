@@ -95,8 +95,10 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
     # flight): each is traced as the first rank of its pipeline slice (pp is the outermost mesh
     # dimension); the others are alike.
     pp = config.parallelism.pipeline_parallel_degree
-    traced = [_trace(config, cfg, target, world_size, r * world_size // pp) for r in range(pp)]
-    result, backend = max(traced, key=lambda t: t[0].tracker.peak)
+    first_ranks = [r * world_size // pp for r in range(pp)]
+    traced = [_trace(config, cfg, target, world_size, rank) for rank in first_ranks]
+    busiest = max(range(pp), key=lambda r: traced[r][0].tracker.peak)
+    result, backend = traced[busiest]
     tracker, pd = result.tracker, result.parallel_dims
     moe = any("moe" in k for k in tracker.module_activations)
     me = config.memory_estimation
@@ -116,18 +118,17 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
     by_category = {k: tracker.peak_by_category[k] / GIB for k in CATEGORIES}
     ranks = [
         {
-            "rank": r * world_size // pp,
+            "rank": rank,
             "pipeline_rank": r if pp > 1 else None,
             "peak_bytes": t.tracker.peak,
             "peak_gib": t.tracker.peak / GIB,
             "assumption": assumption,
         }
-        for r, (t, _) in enumerate(traced)
+        for r, (rank, (t, _)) in enumerate(zip(first_ranks, traced, strict=True))
     ]
-    busiest = max(ranks, key=lambda r: r["peak_bytes"])["rank"]
     return {
         "world_size": world_size,
-        "rank": busiest,
+        "rank": first_ranks[busiest],
         "target": target,
         "parallel_dims": str(pd),
         "grad_accum": result.grad_accum,

@@ -86,7 +86,7 @@ def tracked_step(
             config, pd, layout.model_args.vocab_size, run.grad_accum, device
         )
         tracker = MemoryTracker(round_bytes)
-        tracker.track_model(run.model_parts, run.optimizer)
+        tracker.track_model(parts, run.optimizer)
         if run.reference is not None:  # DPO's frozen copy: resident weights too
             tracker.track_frozen(run.reference)
         tracker.track_inputs(batches)  # the loader's micro-batches are all resident

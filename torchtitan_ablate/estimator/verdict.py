@@ -7,6 +7,7 @@ import os
 from torchtitan_ablate.config import JobConfig
 from torchtitan_ablate.config.derived import resolved_reshard_after_forward
 from torchtitan_ablate.config.pipeline_rules import SPLIT_BACKWARD
+from torchtitan_ablate.layout import build_parallel_dims
 
 LABELS = {
     "parameters": "parameters (sharded)",
@@ -109,8 +110,7 @@ def candidate_knobs(config: JobConfig, world_size: int) -> list[tuple[str, dict]
     if t.local_batch_size > 1:
         half = t.local_batch_size // 2
         # The global batch is the recipe: keep it, and the halved micro-batches accumulate.
-        other = p.context_parallel_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree
-        dp = world_size // other
+        dp = build_parallel_dims(config, world_size).dp
         global_batch = t.local_batch_size * dp if t.global_batch_size == -1 else t.global_batch_size
         out.append(
             (
