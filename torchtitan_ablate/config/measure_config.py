@@ -98,6 +98,10 @@ class MemoryEstimation:
     output: str | None = None
     """Also write the estimate as JSON to this file."""
 
+    trace_processes: int = 0
+    """Processes tracing the pipeline ranks (each is one trace; without pipeline parallel there
+    is one): 0 = one per pipeline rank up to the CPU count, 1 = all in this process."""
+
     fewest_gpus: bool = False
     """Search the fewest GPUs of device_memory_gib that fit, and the fastest layout among them by
     a stated rule (less recomputation first, then HSDP before FSDP; nodes of 8 GPUs): starts at

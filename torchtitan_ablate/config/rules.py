@@ -251,6 +251,7 @@ def _check_memory_estimation(me: MemoryEstimation) -> None:
         f"memory_estimation.world_size = {me.world_size}: -1 (from the environment) or >= 1",
     )
     at_least("memory_estimation.ep_imbalance", me.ep_imbalance, 1, " (1 = balanced routing)")
+    at_least("memory_estimation.trace_processes", me.trace_processes, 0, " (0 = automatic)")
 
 
 def _check_activation_checkpoint(ac: ActivationCheckpoint) -> None:

@@ -228,7 +228,7 @@ class FakeInductor:
         return self._aot(gm, example_inputs)
 
 
-def describe_program(config, backend: FakeInductor) -> str:
+def describe_program(config, graphs: int) -> str:
     """Which parts of the step are compiled (modelled as above) and which run eager."""
     if not config.compile.enable:
         return "program: eager (compile.enable = false)"
@@ -239,7 +239,7 @@ def describe_program(config, backend: FakeInductor) -> str:
         fused_kernel = part == "loss" and impl not in ("chunked", "plain")
         (compiled if compiles(config.compile, part) and not fused_kernel else eager).append(what)
     return (
-        f"program: compiled {', '.join(compiled) or 'nothing'} ({backend.graphs} graphs traced, "
+        f"program: compiled {', '.join(compiled) or 'nothing'} ({graphs} graphs traced, "
         "Inductor modelled on fake tensors: AOTAutograd partition, fused pointwise ops); "
         f"eager {', '.join(eager)}"
     )

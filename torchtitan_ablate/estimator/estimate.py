@@ -2,7 +2,9 @@
 
 1. Prepare the config for the program CUDA would run (`prepare_config`): CUDA's dtypes and
    kernels; compile settings kept.
-2. In one process: fake process group of N ranks (rank 0), FakeTensorMode, fake cpu device.
+2. Per traced rank (rank 0; with pipeline parallel the first rank of each pipeline slice,
+   in processes of their own when there are cores: traces.py): fake process group of N
+   ranks, FakeTensorMode, fake cpu device.
 3. `tracked_step`: the trainer's build path and train_step, tracked by MemoryTracker, with MoE
    routing forced (routing.py), CUDA's attention kernel stood in (cuda_model.py), the Triton
    loss kernels of loss_impl liger / cce stood in (kernel_loss.py) and, where the
@@ -14,22 +16,15 @@
 import copy
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 
-import torch
-
-from torchtitan_ablate.build import BuildOptions, check_layout
+from torchtitan_ablate.build import check_layout
 from torchtitan_ablate.config import ConfigError, JobConfig
-from torchtitan_ablate.distributed.fsdp import param_dtype
-from torchtitan_ablate.estimator import cuda_model, kernel_loss
-from torchtitan_ablate.estimator.compiled import FakeInductor, describe_program
-from torchtitan_ablate.estimator.fake_env import fake_tensors, fake_world, resolve_world_size
-from torchtitan_ablate.estimator.routing import forced_routing
-from torchtitan_ablate.estimator.tracked_step import StepResult, tracked_step
+from torchtitan_ablate.estimator import cuda_model
+from torchtitan_ablate.estimator.compiled import describe_program
+from torchtitan_ablate.estimator.fake_env import resolve_world_size
+from torchtitan_ablate.estimator.traces import trace_ranks
 from torchtitan_ablate.estimator.tracker import CATEGORIES
 from torchtitan_ablate.estimator.world_sizes import with_smallest_world_size
-from torchtitan_ablate.models.common.attention import resolve_backend
 
 logger = logging.getLogger("torchtitan_ablate")
 GIB = 1024**3
@@ -61,19 +56,6 @@ def prepare_config(config: JobConfig, target: str) -> tuple[JobConfig, list[str]
     return cfg, notes
 
 
-@contextmanager
-def fresh_dynamo() -> Iterator[None]:
-    """Dynamo's caches emptied before and after: graphs traced on another fake mode (or real
-    tensors) would be guarded out and count towards its recompile limit, past which blocks run
-    eager silently; a generous limit covers a model whose blocks differ (MoE and dense)."""
-    torch._dynamo.reset()
-    try:
-        with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
-            yield
-    finally:
-        torch._dynamo.reset()
-
-
 def estimate(config: JobConfig, target: str = "cuda") -> dict:
     """Peak memory of the busiest rank for one steady-state training step, by category (bytes
     and GiB): rank 0, or with pipeline parallel the pipeline rank that needs the most ("ranks"
@@ -96,16 +78,14 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
     # dimension); the others are alike.
     pp = config.parallelism.pipeline_parallel_degree
     first_ranks = [r * world_size // pp for r in range(pp)]
-    traced = [_trace(config, cfg, target, world_size, rank) for rank in first_ranks]
-    busiest = max(range(pp), key=lambda r: traced[r][0].tracker.peak)
-    result, backend = traced[busiest]
-    tracker, pd = result.tracker, result.parallel_dims
-    moe = any("moe" in k for k in tracker.module_activations)
+    traced = trace_ranks(config, cfg, target, world_size, first_ranks)
+    busiest = max(traced, key=lambda t: t.peak)
+    moe = any("moe" in k for k in busiest.module_activations)
     me = config.memory_estimation
     assumption = "all ranks symmetric (same shapes on every rank)"
-    if pd.ep_enabled and config.debug.moe_force_load_balance:
+    if busiest.ep_enabled and config.debug.moe_force_load_balance:
         assumption = "EP: the run's round-robin routing (debug.moe_force_load_balance)"
-    elif pd.ep_enabled:
+    elif busiest.ep_enabled:
         assumption = (
             f"EP: balanced routing (each expert T*k/E tokens); rank 0 receives "
             f"{me.ep_imbalance:g}x the mean rows (memory_estimation.ep_imbalance)"
@@ -115,74 +95,36 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
     if pp > 1:
         assumption += "; ranks of one pipeline rank alike"
     ctx = cuda_model.context_gib(world_size) if target == "cuda" else 0.0
-    by_category = {k: tracker.peak_by_category[k] / GIB for k in CATEGORIES}
+    by_category = {k: busiest.peak_by_category[k] / GIB for k in CATEGORIES}
     ranks = [
         {
-            "rank": rank,
+            "rank": t.rank,
             "pipeline_rank": r if pp > 1 else None,
-            "peak_bytes": t.tracker.peak,
-            "peak_gib": t.tracker.peak / GIB,
+            "peak_bytes": t.peak,
+            "peak_gib": t.peak / GIB,
             "assumption": assumption,
         }
-        for r, (rank, (t, _)) in enumerate(zip(first_ranks, traced, strict=True))
+        for r, t in enumerate(traced)
     ]
     return {
         "world_size": world_size,
-        "rank": first_ranks[busiest],
+        "rank": busiest.rank,
         "target": target,
-        "parallel_dims": str(pd),
-        "grad_accum": result.grad_accum,
-        "peak_bytes": tracker.peak,
-        "peak_gib": tracker.peak / GIB,
+        "parallel_dims": busiest.parallel_dims,
+        "grad_accum": busiest.grad_accum,
+        "peak_bytes": busiest.peak,
+        "peak_gib": busiest.peak / GIB,
         "context_gib": ctx,
         "by_category": by_category,
-        "peak_where": tracker.peak_where,
-        "top_modules": _top_modules(tracker.module_activations),
+        "peak_where": busiest.peak_where,
+        "top_modules": _top_modules(busiest.module_activations),
         "ranks": ranks,
         "notes": notes,
-        "program": describe_program(cfg, backend),
-        "n_params": result.n_params,
+        "program": describe_program(cfg, busiest.graphs),
+        "n_params": busiest.n_params,
         "moe": moe,
         "seconds": time.perf_counter() - start,
     }
-
-
-def _trace(
-    config: JobConfig, cfg: JobConfig, target: str, world_size: int, rank: int
-) -> tuple[StepResult, FakeInductor]:
-    """One tracked step of global rank `rank` in a fake world of `world_size` ranks: the
-    prepared config `cfg`, with the user's `config` choosing routing and CUDA's kernels."""
-    cuda = target == "cuda"
-    backend = FakeInductor()
-    options = BuildOptions(
-        optimizer_device_type=target,
-        compile_backend=backend,
-        # CUDA picks grouped GEMM for bf16 experts (prepare_config gives CPU CUDA's dtypes).
-        moe_grouped_mm=param_dtype(cfg.training, "cpu") == torch.bfloat16 if cuda else None,
-    )
-    me = config.memory_estimation
-    with ExitStack() as stack:
-        stack.enter_context(fake_world(world_size, rank))
-        stack.enter_context(fresh_dynamo())
-        stack.enter_context(forced_routing(me.ep_imbalance, config.debug.moe_force_load_balance))
-        if cuda:
-            native = resolve_backend(config.model.attn_backend, torch.device("cuda")) != "sdpa"
-            stack.enter_context(cuda_model.cuda_attention(native))
-            stack.enter_context(kernel_loss.cuda_kernel_losses())
-        try:
-            result = tracked_step(
-                cfg,
-                world_size,
-                torch.device("cpu"),
-                options,
-                round_bytes=cuda_model.ROUND_BYTES if cuda else 1,
-                tensor_mode=fake_tensors(),
-            )
-        except (ValueError, NotImplementedError) as e:
-            if isinstance(e, ConfigError):
-                raise
-            raise ConfigError(f"memory estimation cannot run this config: {e}") from e
-    return result, backend
 
 
 def _top_modules(per_module: dict[str, int], k: int = 10) -> list[dict]:
