@@ -107,4 +107,4 @@ class MemoryEstimation:
     a stated rule (less recomputation first, then HSDP before FSDP; nodes of 8 GPUs): starts at
     the fewest that the model state and the layout allow, traces world sizes 1, 2, 4, ... and
     then layouts, and prints the table of what it tried (docs/memory_estimation.md). world_size
-    is not used; EP and CP degrees, batch, compile and float8 stay the config's."""
+    is not used; PP, TP, EP and CP degrees, batch, compile and float8 stay the config's."""

@@ -41,7 +41,7 @@ SPEED_RULE = (
     "then more data-parallel replicas first (HSDP before FSDP: the per-layer all-gathers and "
     f"reduce-scatters stay inside a shard group, one node of {GPUS_PER_NODE} GPUs above "
     f"{GPUS_PER_NODE}); then fewer re-gathers first (fsdp_reshard_after_forward never, default, "
-    "always). Batch, EP and CP degrees, compile and float8 stay the config's"
+    "always). Batch, PP, TP, EP and CP degrees, compile and float8 stay the config's"
 )
 
 
@@ -66,9 +66,12 @@ class Layout:
 
     def describe(self, config: JobConfig) -> str:
         p = config.parallelism
-        shard = self.world_size // self.replicate // p.context_parallel_degree
-        parts = [f"HSDP {self.replicate}x{shard}" if self.replicate > 1 else f"FSDP {shard}"]
-        parts += [f"CP {p.context_parallel_degree}"] * (p.context_parallel_degree > 1)
+        pp, tp, cp = p.pipeline_parallel_degree, p.tensor_parallel_degree, p.context_parallel_degree
+        shard = self.world_size // (self.replicate * pp * tp * cp)
+        parts = [f"PP {pp}"] * (pp > 1)
+        parts += [f"HSDP {self.replicate}x{shard}" if self.replicate > 1 else f"FSDP {shard}"]
+        parts += [f"TP {tp}"] * (tp > 1)
+        parts += [f"CP {cp}"] * (cp > 1)
         parts += [f"EP {p.expert_parallel_degree}"] * (p.expert_parallel_degree > 1)
         option = config.activation_checkpoint.selective_ac_option
         parts.append(f"AC {self.ac}" + (f" ({option})" if self.ac == "selective" else ""))

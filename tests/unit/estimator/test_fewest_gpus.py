@@ -127,3 +127,16 @@ def test_a_layout_whose_model_state_cannot_fit_is_not_traced():
     hsdp = [t for t in search.trials if t.layout.replicate == 2]
     assert [(t.layout.world_size, t.layout.ac, t.traced) for t in hsdp] == [(2, "full", False)]
     assert search.answer.layout.describe(config) == "FSDP 2, AC full"
+
+
+def test_a_layout_names_the_degrees_that_stay_the_configs():
+    # 8 GPUs = PP 2 (or TP 2) x FSDP 2 x CP 2: the shard degree is what the others leave.
+    from torchtitan_ablate.estimator.fewest_gpus import Layout
+
+    p = "--parallelism."
+    for degree, name in (
+        ("pipeline_parallel_degree", "PP 2, FSDP 2"),
+        ("tensor_parallel_degree", "FSDP 2, TP 2"),
+    ):
+        config = _recipe("qwen3_8b_cp", p + degree, "2", p + "context_parallel_degree", "2")
+        assert Layout(8, "full", 1, "default").describe(config) == f"{name}, CP 2, AC full"
