@@ -20,6 +20,8 @@ PP. pipeline parallel before everything: it cuts the model into this rank's stag
    the TP all-gathers move float8 and the scales cover the whole tensors (on CUDA; gloo
    cannot move float8, so CPU keeps the plain styles, same scales). LoRA with TP is
    refused (TP's styles split nn.Linear, which LoRA's adapted projections no longer are).
+   MoE layers are not split: each tp rank routes its own sequence shard through experts that
+   EP (step 3) and FSDP (over efsdp, which counts the tp ranks) place as without TP.
    With TP, FSDP is applied even over one dp rank (step 7).
 3. expert parallel: installs token dispatch/combine around the routed experts.
 4. context parallel: wraps attention so it sees every key/value of the sharded sequence. After
@@ -196,6 +198,7 @@ def _parallelize_part(
         logger.info("torch.compile per transformer block")
 
     plan = None
+    experts_own_mesh = pd.experts_mesh_enabled and bool(model.args.num_experts)
     if use_fsdp:
         p = job_config.parallelism
         plan = apply_fsdp(
@@ -205,7 +208,8 @@ def _parallelize_part(
             reduce_dtype=getattr(torch, job_config.training.mixed_precision_reduce),
             reshard_after_forward=resolved_reshard_after_forward(p),
             cpu_offload=p.fsdp_cpu_offload,
-            experts_mesh=pd.mesh("experts_fsdp") if pd.ep_enabled else None,
+            # With TP too: the tp ranks route different tokens through the same experts.
+            experts_mesh=pd.mesh("experts_fsdp") if experts_own_mesh else None,
         )
         logger.info(describe_layout(pd.dp_replicate, pd.dp_shard * pd.cp))
     return plan
