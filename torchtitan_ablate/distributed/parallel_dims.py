@@ -166,17 +166,20 @@ class ParallelDims:
                 experts["dp_replicate", "efsdp"] if self.dp_replicate > 1 else experts["efsdp"]
             )
 
-    def _experts_root(self, device_type: str) -> DeviceMesh:
-        """(pp, dp_replicate, efsdp, ep) over the world's ranks: efsdp gathers the dp_shard*cp
-        ranks that hold the same experts with the tp ranks beside them, which in the world's
-        row-major order are not one block (an ep group sits between two of its tp
+    def experts_ranks(self) -> torch.Tensor:
+        """The experts' view as a rank grid [pp, dp_replicate, efsdp, ep]: efsdp gathers the
+        dp_shard * cp ranks that hold the same experts with the tp ranks beside them, which in
+        the world's row-major order are not one block (an ep group sits between two of its tp
         coordinates), so the grid is laid out explicitly."""
         shard = self.dp_shard * self.cp // self.ep
         grid = torch.arange(self.world_size).view(
             self.pp, self.dp_replicate, shard, self.ep, self.tp
         )
-        grid = grid.permute(0, 1, 2, 4, 3).reshape(self.pp, self.dp_replicate, self.efsdp, self.ep)
-        return DeviceMesh(device_type, grid, mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep"))
+        return grid.permute(0, 1, 2, 4, 3).reshape(self.pp, self.dp_replicate, self.efsdp, self.ep)
+
+    def _experts_root(self, device_type: str) -> DeviceMesh:
+        names = ("pp", "dp_replicate", "efsdp", "ep")
+        return DeviceMesh(device_type, self.experts_ranks(), mesh_dim_names=names)
 
     def mesh(self, name: str) -> DeviceMesh:
         """Named (sub-)mesh: world, pp, dp, dp_replicate, dp_shard, cp, tp, loss (dp x cp x tp),
