@@ -59,8 +59,9 @@ LAYOUTS = {
         [P + "data_parallel_replicate_degree", "2", P + "expert_parallel_degree", "2"],
     ),
     "ep2_ac_full": (2, [P + "expert_parallel_degree", "2", "--activation_checkpoint.mode", "full"]),
-    # Tensor parallel: alone, and as a 2-D layout under FSDP (dense and MoE: its MoE layers
-    # route each tp rank's tokens, experts sharded over dp_shard * tp); MoE: with EP too.
+    # Tensor parallel: alone, as a 2-D layout under FSDP and inside CP (dense and MoE: its MoE
+    # layers route each tp rank's tokens, experts sharded over dp_shard * cp * tp); MoE: with
+    # EP too.
     "tp2": (2, [P + "tensor_parallel_degree", "2"]),
     "tp2_fsdp2": (4, [P + "tensor_parallel_degree", "2"]),
     "tp2_ep2": (4, [P + "tensor_parallel_degree", "2", P + "expert_parallel_degree", "2"]),
@@ -80,7 +81,7 @@ LAYOUTS = {
 
 # Layouts whose code differs between dense and MoE run on both; EP needs MoE; the rest run
 # on the dense model (MoE adds nothing to those paths and doubles the suite's time).
-BOTH = {"fsdp2_default", "hsdp2x2", "cp2_fsdp2", "fsdp2_ac_full", "tp2", "tp2_fsdp2"}
+BOTH = {"fsdp2_default", "hsdp2x2", "cp2_fsdp2", "fsdp2_ac_full", "tp2", "tp2_fsdp2", "tp2_cp2"}
 NORM_CHECKED = {"tp2_cp2", "tp2_ep2"}
 CASES = [
     (layout, flavor)

@@ -66,9 +66,11 @@ logger = logging.getLogger("torchtitan_ablate")
 
 def tp_split_sizes(args: Qwen3ModelArgs) -> dict[str, int]:
     """The sizes apply_tp splits over the tp ranks: query and kv heads (each rank holds whole
-    heads, and its query heads' kv heads), the FFN width, and the vocabulary (embedding and
-    output head rows)."""
-    names = ("n_heads", "n_kv_heads", "hidden_dim", "vocab_size")
+    heads, and its query heads' kv heads), the dense FFN width (when a layer is dense: MoE
+    layers are not split), and the vocabulary (embedding and output head rows)."""
+    names = ["n_heads", "n_kv_heads", "vocab_size"]
+    if not all(args.is_moe_layer(i) for i in range(args.n_layers)):
+        names.append("hidden_dim")
     return {name: getattr(args, name) for name in names}
 
 
