@@ -30,6 +30,10 @@ from torchtitan_ablate.models.common.init import ParamInit, init_for
 Slot = TypeVar("Slot", int, torch.Tensor)
 
 
+def _as_is(weight: torch.Tensor) -> torch.Tensor:
+    return weight
+
+
 class TopKRouter(nn.Module):
     """Softmax over experts in float32, top-k, optional renormalisation of the k weights.
 
@@ -75,10 +79,6 @@ class TopKRouter(nn.Module):
         if self.norm_topk_prob:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
         return probs_TE, weights_TK, experts_TK
-
-
-def _as_is(weight: torch.Tensor) -> torch.Tensor:
-    return weight
 
 
 def round_robin_expert(slot: Slot, num_experts: int, top_k: int) -> Slot:
