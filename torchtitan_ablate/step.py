@@ -51,11 +51,12 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
     # brings that count and the token count.
     counts = sum(torch.stack([num_valid_tokens(b["labels"]), run.loss_count(b)]) for b in batches)
     global_tokens, global_count = dist_utils.all_reduce_sum(counts.float(), loss_group)
-    # Gradients are summed over dp*cp ranks and over the forwards of a step (micro-batches,
-    # and the pipeline's within each), so the per-forward aux losses are averaged here.
+    # Gradients are summed over dp*cp*tp ranks (tp: sequence parallel hands each its own tokens
+    # to route) and over the forwards of a step (micro-batches, and the pipeline's within each),
+    # so the per-forward aux losses are averaged here.
     moe = RankMoE(run.model_parts)
     forwards = len(batches) * (run.pipeline.n_microbatches if run.pipeline is not None else 1)
-    aux_scale = 1.0 / (forwards * pd.dp * pd.cp)
+    aux_scale = 1.0 / (forwards * pd.dp * pd.cp * pd.tp)
     moe.set_aux_loss_scale(aux_scale)
     ce_total = torch.zeros((), device=device)
     aux_total = torch.zeros((), device=device)

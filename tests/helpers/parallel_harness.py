@@ -68,7 +68,7 @@ def build_trainer(dump_folder: str, args: list[str]) -> train.Trainer:
 
 def train_layout(dump_folder: str, args: list[str]) -> dict:
     """Runs on every rank; returns losses, gradient norms (before clipping), the logged expert
-    loads (MoE; None for dense) and (rank 0) the full fp32 parameters."""
+    loads and aux losses (MoE; None for dense) and (rank 0) the full fp32 parameters."""
     build.build_dataloader = _build_global_slicing_loader
     trainer = build_trainer(dump_folder, args)
     trainer.dataloader.batches_done = lambda: trainer.step * trainer.grad_accum
@@ -77,6 +77,7 @@ def train_layout(dump_folder: str, args: list[str]) -> dict:
         "losses": [r["loss"] for r in records],
         "grad_norms": [r["grad_norm"] for r in records],
         "load": [r.get("expert_load_max_over_mean") for r in records],
+        "aux": [r.get("moe_aux_loss") for r in records],
         "params": full_params(trainer),
     }
 

@@ -1,6 +1,6 @@
 """Every data-parallel layout on 2 and 4 gloo ranks trains like the one-process run (fp32):
-per-step losses within 1e-5 relative, final parameters within 1e-4 (TP x CP: gradient norms
-within 1e-4 relative too)."""
+per-step losses within 1e-5 relative, final parameters within 1e-4 (TP x CP and MoE x TP:
+gradient norms within 1e-4 relative too; MoE x TP: the logged expert loads equal)."""
 
 import functools
 import tempfile
@@ -59,9 +59,12 @@ LAYOUTS = {
         [P + "data_parallel_replicate_degree", "2", P + "expert_parallel_degree", "2"],
     ),
     "ep2_ac_full": (2, [P + "expert_parallel_degree", "2", "--activation_checkpoint.mode", "full"]),
-    # Tensor parallel (dense only): alone, and as a 2-D layout under FSDP.
+    # Tensor parallel: alone, as a 2-D layout under FSDP and inside CP (dense and MoE: its MoE
+    # layers route each tp rank's tokens, experts sharded over dp_shard * cp * tp); MoE: with
+    # EP too.
     "tp2": (2, [P + "tensor_parallel_degree", "2"]),
     "tp2_fsdp2": (4, [P + "tensor_parallel_degree", "2"]),
+    "tp2_ep2": (4, [P + "tensor_parallel_degree", "2", P + "expert_parallel_degree", "2"]),
     # TP inside CP: each cp rank's zigzag slice is split again over tp (sequence parallel).
     "tp2_cp2": (4, [P + "tensor_parallel_degree", "2", P + "context_parallel_degree", "2"]),
     "fsdp2_ac_selective_op": (
@@ -78,8 +81,8 @@ LAYOUTS = {
 
 # Layouts whose code differs between dense and MoE run on both; EP needs MoE; the rest run
 # on the dense model (MoE adds nothing to those paths and doubles the suite's time).
-BOTH = {"fsdp2_default", "hsdp2x2", "cp2_fsdp2", "fsdp2_ac_full"}
-NORM_CHECKED = {"tp2_cp2"}
+BOTH = {"fsdp2_default", "hsdp2x2", "cp2_fsdp2", "fsdp2_ac_full", "tp2", "tp2_fsdp2", "tp2_cp2"}
+NORM_CHECKED = {"tp2_cp2", "tp2_ep2"}
 CASES = [
     (layout, flavor)
     for layout, (_, args) in LAYOUTS.items()
@@ -103,8 +106,23 @@ def test_layout_matches_single_process(tmp_path_factory, layout, flavor):
     assert all(o["losses"] == out[0]["losses"] for o in out)  # every rank logs the same loss
     # The gradient norm (clipping) over TP's DTensors sharded over dp_shard * cp too. 1e-4:
     # one process's fp32 norm is itself 2e-5 off the float64 norm of the same gradients.
-    norm_rtol = 1e-4 if layout in NORM_CHECKED else None
+    moe_tp = flavor == "debugmodel_moe" and layout.startswith("tp")
+    norm_rtol = 1e-4 if layout in NORM_CHECKED or moe_tp else None
     assert_same_training(got, ref, grad_norm_rtol=norm_rtol)
+    if moe_tp:  # the tp ranks' routing counts are summed like the dp ranks'
+        assert got["load"] == ref["load"]
+
+
+def test_moe_tp_aux_loss_is_the_mean_over_tp_ranks(tmp_path):
+    """Each tp rank's aux loss covers its own S / tp tokens (as each dp / cp rank's covers its
+    own), so the logged value (and the gradient's weight) is their mean: close to the one
+    process's over whole sequences, not tp times it."""
+    args = ["--model.flavor", "debugmodel_moe", "--training.steps", "2"]
+    ref = run_distributed(train_layout, 1, str(tmp_path / "ref"), args)[0]
+    tp = [P + "tensor_parallel_degree", "2"]
+    got = run_distributed(train_layout, 2, str(tmp_path / "tp"), args + tp)[0]
+    for a, b in zip(got["aux"], ref["aux"], strict=True):
+        assert abs(a - b) <= 0.01 * b, (got["aux"], ref["aux"])
 
 
 def test_expert_bias_balancing_matches_single_process(tmp_path):

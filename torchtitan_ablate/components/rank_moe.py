@@ -20,8 +20,8 @@ class RankMoE:
         self.moe = parts[0].args.num_experts > 0
 
     def set_aux_loss_scale(self, scale: float) -> None:
-        """Weight of each forward's aux-loss gradient: 1 / (forwards per step * dp * cp), since
-        gradients are summed over micro-batches (and pipeline micro-batches) and ranks."""
+        """Weight of each forward's aux-loss gradient: 1 / (forwards per step * dp * cp * tp),
+        since gradients are summed over micro-batches (and pipeline micro-batches) and ranks."""
         for part in self.parts:
             part.set_moe_aux_loss_scale(scale)
 

@@ -87,8 +87,8 @@ def _check_ep_dispatch(config: JobConfig) -> None:
 
 
 def _check_tensor_parallel(config: JobConfig) -> None:
-    """What tensor parallel does not combine with yet (the model's sizes and the MoE refusal
-    are checked in ParallelDims.check_model, where the flavor is known)."""
+    """What tensor parallel does not combine with yet (the model's sizes are checked in
+    ParallelDims.check_model, where the flavor is known)."""
     p = config.parallelism
     require(
         not p.enable_async_tensor_parallel,
@@ -99,9 +99,7 @@ def _check_tensor_parallel(config: JobConfig) -> None:
     if tp == 1:
         return
     key = f"parallelism.tensor_parallel_degree = {tp}"
-    ep = p.expert_parallel_degree
     others = {
-        f"parallelism.expert_parallel_degree = {ep}": ep > 1,
         "lora.enable = true": config.lora.enable,
         "training.dataset = 'preference' (DPO)": dpo_enabled(config),
     }

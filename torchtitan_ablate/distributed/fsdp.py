@@ -98,8 +98,9 @@ def apply_fsdp(
         reshard = reshard_policy(reshard_after_forward, i == len(blocks) - 1)
         moe = getattr(block, "moe", None)
         if experts_mesh is not None and moe is not None:
-            # Experts are already split over ep; shard what is left over efsdp on their own
-            # mesh, so their gradients are reduced over exactly the ranks holding copies.
+            # Experts are already split over ep; shard what is left over efsdp (tp ranks
+            # included) on their own mesh, so their gradients are reduced over exactly the
+            # ranks holding copies.
             fully_shard(
                 moe.experts, **{**kwargs, "mesh": experts_mesh}, reshard_after_forward=reshard
             )

@@ -6,14 +6,19 @@ every layer, which on a multi-GPU node keeps them on one host's fast links; the 
 stages, which exchange one activation per micro-batch, are the farthest apart. Every other mesh
 has pp as its outer dimension too, so each stage's data/tensor parallel groups are separate.
 Expert parallel borrows its ranks from dp_shard * cp, so experts live on a second view of the
-same ranks, (pp, dp_replicate, efsdp, ep) with efsdp = dp_shard * cp / ep (EP with TP is
-refused). Rank order is row-major in all of them, so an ep group is a block of consecutive
-ranks inside one dp_shard * cp block; with PP it lies inside one pipeline stage's ranks, which
-all run the same schedule, so their all-to-alls pair up.
+same ranks, (pp, dp_replicate, efsdp, ep) with efsdp = dp_shard * cp * tp / ep: the ranks that
+hold copies of the same experts, over which FSDP shards them and sums their gradients. An ep
+group is a block of consecutive dp_shard * cp ranks of one tp coordinate (with PP inside one
+pipeline stage's ranks, which all run the same schedule, so their all-to-alls pair up). Under
+tensor parallel's sequence parallel the tp ranks hold different tokens, which the MoE layers
+route as their own (tensor_parallel.py), so for the experts the tp ranks are more data-parallel
+ranks: efsdp takes them in, and that view is built (from an explicit rank grid, as its efsdp
+dim is not adjacent in the world order) whenever ep > 1 or tp > 1.
 """
 
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -83,11 +88,6 @@ class ParallelDims:
         if self.tp == 1:
             return
         key = f"tensor_parallel_degree = {self.tp}"
-        if num_experts:
-            raise ParallelDimsError(
-                f"{key} with an MoE model (num_experts = {num_experts}) is not supported yet; "
-                "use expert_parallel_degree and FSDP for MoE models"
-            )
         # Sequence parallel splits each cp rank's sequence (already a whole 2 * cp chunks).
         seq_name = "training.seq_len"
         if self.cp > 1:
@@ -110,8 +110,15 @@ class ParallelDims:
 
     @property
     def efsdp(self) -> int:
-        """Shard degree of routed experts: the dp_shard * cp ranks left after EP."""
-        return self.dp_shard * self.cp // self.ep
+        """Shard degree of routed experts: the dp_shard * cp * tp ranks left after EP (tp
+        ranks route their own sequence slices, so they hold copies of the same experts)."""
+        return self.dp_shard * self.cp * self.tp // self.ep
+
+    @property
+    def experts_mesh_enabled(self) -> bool:
+        """Whether routed experts take their own FSDP mesh (experts_fsdp): with EP, which
+        splits them, or TP, whose ranks share them beyond the dense FSDP mesh."""
+        return self.ep > 1 or self.tp > 1
 
     @property
     def cp_enabled(self) -> bool:
@@ -152,21 +159,32 @@ class ParallelDims:
         self._meshes["tp"] = fsdp["tp"]
         fsdp_dims = ("dp_replicate", "dp_shard_cp") if self.dp_replicate > 1 else ("dp_shard_cp",)
         self._meshes["fsdp"] = fsdp[fsdp_dims]
-        if self.ep_enabled:
-            experts = init_device_mesh(
-                device_type,
-                (self.pp, self.dp_replicate, self.efsdp, self.ep),
-                mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep"),
-            )
+        if self.experts_mesh_enabled:
+            experts = self._experts_root(device_type)
             self._meshes["experts"] = experts
             self._meshes["experts_fsdp"] = (
                 experts["dp_replicate", "efsdp"] if self.dp_replicate > 1 else experts["efsdp"]
             )
 
+    def experts_ranks(self) -> torch.Tensor:
+        """The experts' view as a rank grid [pp, dp_replicate, efsdp, ep]: efsdp gathers the
+        dp_shard * cp ranks that hold the same experts with the tp ranks beside them, which in
+        the world's row-major order are not one block (an ep group sits between two of its tp
+        coordinates), so the grid is laid out explicitly."""
+        shard = self.dp_shard * self.cp // self.ep
+        grid = torch.arange(self.world_size).view(
+            self.pp, self.dp_replicate, shard, self.ep, self.tp
+        )
+        return grid.permute(0, 1, 2, 4, 3).reshape(self.pp, self.dp_replicate, self.efsdp, self.ep)
+
+    def _experts_root(self, device_type: str) -> DeviceMesh:
+        names = ("pp", "dp_replicate", "efsdp", "ep")
+        return DeviceMesh(device_type, self.experts_ranks(), mesh_dim_names=names)
+
     def mesh(self, name: str) -> DeviceMesh:
         """Named (sub-)mesh: world, pp, dp, dp_replicate, dp_shard, cp, tp, loss (dp x cp x tp),
-        fsdp (1-D over dp_shard * cp, or HSDP 2-D), and with EP: ep, efsdp, experts,
-        experts_fsdp."""
+        fsdp (1-D over dp_shard * cp, or HSDP 2-D), and with EP or TP: ep, efsdp, experts,
+        experts_fsdp (1-D over efsdp, or HSDP 2-D)."""
         if not self._meshes:
             raise RuntimeError("ParallelDims.build_meshes() has not been called")
         if name in self._meshes:

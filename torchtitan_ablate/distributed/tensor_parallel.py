@@ -1,4 +1,4 @@
-"""Tensor parallel (TP) with sequence parallel for dense Qwen3, over the `tp` mesh.
+"""Tensor parallel (TP) with sequence parallel for Qwen3 (dense and MoE), over the `tp` mesh.
 
 Layout per block (torchtitan's plan, Megatron-LM's scheme):
 - The residual stream between blocks is sequence-sharded: each tp rank holds [B, S / tp, D],
@@ -20,6 +20,19 @@ Layout per block (torchtitan's plan, Megatron-LM's scheme):
   heads dim (SequenceParallel on dim 2), so their replicated weights receive the sum of every
   rank's heads' gradients.
 - Dense MLP: gate / up split by columns, down by rows (same gather / reduce-scatter).
+- MoE layer (MoE blocks, in place of the dense MLP): not split. It takes the rank's sequence
+  shard as its own tokens, [B * S / tp, D], and returns its output as that shard again: under
+  sequence parallel the tp ranks hold different tokens, so for routing and the experts they
+  are more data-parallel ranks, and no activation crosses tp ranks in the MoE layer (the
+  alternative, torchtitan's: all-gather the sequence in, every tp rank routes all tokens and
+  the experts' sum comes back as a partial sum to reduce-scatter, moves 2 activations more per
+  layer and makes EP borrow tp ranks). So: the router's gate weight is a replicated DTensor
+  that the router reads as its local copy with a partial gradient (`local_replica`), which
+  FSDP sums over tp like the norms'; the routed experts stay out of TP (plain, or EP's
+  DTensors over the ep ranks of the rank's own tp coordinate), and FSDP shards them over
+  efsdp = dp_shard * cp * tp / ep (ParallelDims' experts mesh), summing their gradients over
+  the tp ranks too. The aux loss, the expert load and the bias update are per-rank sums over
+  the rank's tokens that the trainer reduces over the loss group, tp included.
 - Embedding: split by vocabulary rows; each rank looks up the ids it holds and the partial rows
   are reduce-scattered to the sequence shard.
 - Output head: sequence-parallel loss, not vocabulary-parallel ("loss parallel"). The head's
@@ -50,6 +63,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -63,6 +77,14 @@ def gather_vocab_shards(weight_VD: torch.Tensor) -> torch.Tensor:
     assert isinstance(weight_VD, DTensor), "apply_tp shards the output head's weight"
     whole = weight_VD.redistribute(placements=[Replicate()])
     return whole.to_local(grad_placements=[Partial()])
+
+
+def local_replica(weight: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor weight as a plain tensor, for a module that computes on the rank's
+    own tokens (the MoE router): each rank's gradient covers only those, so it is declared
+    partial, and FSDP sums it over the tp ranks before the optimizer sees it."""
+    assert isinstance(weight, DTensor), "apply_tp replicates the router's gate weight"
+    return weight.to_local(grad_placements=[Partial()])
 
 
 def tp_shard_labels(labels_BS: torch.Tensor, tp_mesh: DeviceMesh) -> torch.Tensor:
@@ -90,11 +112,13 @@ _ATTN_IN = ("attention.wq", "attention.wk", "attention.wv")
 _FFN_IN = ("feed_forward.w1", "feed_forward.w3")
 
 
-def _block_plan(special: TPStyles = PLAIN, converted: Container[str] = ()) -> dict:
-    """The plan of one dense transformer block (see the module docstring). The linears named in
-    `converted` (block-relative names) take `special`'s styles; an input is prepared with
-    `special`'s style only when every linear reading it is converted (a float8 input would
-    reach a plain linear otherwise)."""
+def _block_plan(
+    special: TPStyles = PLAIN, converted: Container[str] = (), moe: bool = False
+) -> dict:
+    """The plan of one transformer block, dense or `moe` (see the module docstring). The
+    linears named in `converted` (block-relative names) take `special`'s styles; an input is
+    prepared with `special`'s style only when every linear reading it is converted (a float8
+    input would reach a plain linear otherwise)."""
 
     def col(name: str) -> ColwiseParallel:
         return (special if name in converted else PLAIN).colwise()
@@ -106,7 +130,7 @@ def _block_plan(special: TPStyles = PLAIN, converted: Container[str] = ()) -> di
     def prepare(readers: tuple[str, ...]) -> type[PrepareModuleInput]:
         return (special if all(r in converted for r in readers) else PLAIN).prepare_input
 
-    return {
+    plan = {
         "attention_norm": SequenceParallel(),
         # (x, cos, sin, mask): only x is sharded; RoPE tables and mask cover the whole sequence.
         "attention": prepare(_ATTN_IN)(
@@ -121,6 +145,19 @@ def _block_plan(special: TPStyles = PLAIN, converted: Container[str] = ()) -> di
         "attention.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
         "attention.wo": row("attention.wo"),
         "ffn_norm": SequenceParallel(),
+    }
+    if moe:
+        # The rank's own tokens in, its own tokens out (the residual stream's Shard(1)).
+        plan["moe"] = PrepareModuleInputOutput(
+            input_layouts=(Shard(1),),
+            desired_input_layouts=(Shard(1),),
+            use_local_input=True,
+            output_layouts=(Shard(1),),
+            desired_output_layouts=(Shard(1),),
+            use_local_output=False,
+        )
+        return plan
+    return plan | {
         "feed_forward": prepare(_FFN_IN)(
             input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
         ),
@@ -161,7 +198,8 @@ def apply_tp(
     special: TPStyles = PLAIN,
     is_special: type[nn.Module] | None = None,
 ) -> None:
-    """Shards a dense Qwen3 model (meta device is fine) over `tp_mesh` in place.
+    """Shards a Qwen3 model (meta device is fine) over `tp_mesh` in place; MoE blocks keep
+    their experts whole and their router's gate replicated (see the module docstring).
 
     special / is_special: the block linears that are instances of `is_special` (float8's
     Float8Linear) take `special`'s styles (float8_tensor_parallel.float8_tp_styles).
@@ -171,7 +209,6 @@ def apply_tp(
     `tp_shard_labels`; input ids, positions and document ids stay whole on every tp rank (with
     context parallel: the cp rank's whole zigzag slice, which sequence parallel then splits).
     """
-    assert not model.moe_layers(), "config rules refuse MoE x tensor parallel"
     parallelize_module(
         model,
         tp_mesh,
@@ -198,4 +235,10 @@ def apply_tp(
             for name, module in block.named_modules()
             if is_special is not None and isinstance(module, is_special)
         }
-        parallelize_module(block, tp_mesh, _block_plan(special, converted))
+        parallelize_module(block, tp_mesh, _block_plan(special, converted, block.moe is not None))
+        if block.moe is not None:
+            router = block.moe.router
+            gate = router.gate.weight
+            replicated = distribute_tensor(gate, tp_mesh, [Replicate()], src_data_rank=None)
+            router.gate.weight = nn.Parameter(replicated, gate.requires_grad)
+            router.gate_weight_fn = local_replica

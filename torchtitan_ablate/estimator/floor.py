@@ -10,8 +10,9 @@ DPO's reference copy added), `state_floor(params, pd)` what one rank holds of th
 - frozen parameters (LoRA's base, DPO's reference) have no gradient and no moments;
 - FSDP / HSDP shard dim 0 over dp_shard * cp ranks (padded to a multiple of it) and replicate
   over dp_replicate; EP splits the routed experts' dim 0 over ep and FSDP shards the rest over
-  efsdp = dp_shard * cp / ep; TP first splits each weight on the dim its plan names
-  (`tp_shard_dim`: rows or columns; norms whole);
+  efsdp = dp_shard * cp * tp / ep (the tp ranks share the experts, which TP leaves whole); TP
+  first splits each other weight on the dim its plan names (`tp_shard_dim`: rows or columns;
+  norms and the router whole);
 - pipeline parallel: a rank holds only its parts' parameters; the floor is the pipeline rank
   that holds the most (`pipeline_floor`);
 - each tensor is rounded up to the caching allocator's 512-byte blocks.
@@ -119,7 +120,7 @@ def state_floor(params: list[ParamShape], pd: ParallelDims) -> StateFloor:
             rows //= pd.tp
         elif pd.tp > 1 and p.tp_dim == 1:
             row_bytes //= pd.tp
-        if p.expert and pd.ep > 1:
+        if p.expert and pd.experts_mesh_enabled:
             rows = math.ceil(rows // pd.ep / pd.efsdp)
         else:
             rows = math.ceil(rows / shard)

@@ -177,7 +177,6 @@ TP2 = ["--parallelism.tensor_parallel_degree", "2"]
             "parallelism.enable_async_tensor_parallel = true is not supported yet; set it to false",
         ),
         (["--parallelism.tensor_parallel_degree", "0"], "tensor_parallel_degree = 0: must be >= 1"),
-        (TP2 + ["--parallelism.expert_parallel_degree", "2"], "expert_parallel_degree = 2 is not"),
         (
             TP2 + FLOAT8 + ["--float8.recipe", "rowwise"],
             "parallelism.tensor_parallel_degree = 2 with float8.recipe = 'rowwise' is not "
@@ -206,6 +205,9 @@ def test_tensor_parallel_loads_with_what_it_supports():
     assert load_config(TP2 + FLOAT8).float8.recipe == "tensorwise"  # float8 TP: tensorwise
     config = load_config(TP2 + ["--parallelism.context_parallel_degree", "2"])
     assert config.parallelism.context_parallel_degree == 2
+    # MoE: attention by TP, experts by EP over the ranks of one tp coordinate.
+    moe = ["--model.flavor", "debugmodel_moe", "--parallelism.expert_parallel_degree", "2"]
+    assert load_config(TP2 + moe).parallelism.expert_parallel_degree == 2
 
 
 def test_default_lora_targets_are_the_dense_projections():

@@ -61,6 +61,44 @@ def test_meshes_built_are_the_ones_requested():
     assert run_distributed(_mesh_names, 2, None)[0] == ["dp", "fsdp", "loss", "tp", "world"]
 
 
+def test_experts_view_puts_each_tp_coordinate_beside_its_copies():
+    # World order (pp, dp_shard, tp) = 2 x 4 x 2; ep 2 borrows dp_shard: rank
+    # 8 * pp + 4 * e + 2 * ep_rank + tp for e in efsdp's dp_shard part.
+    pd = ParallelDims(dp_replicate=1, dp_shard=4, cp=1, ep=2, world_size=16, tp=2, pp=2)
+    assert pd.efsdp == 4  # dp_shard * cp * tp / ep
+    grid = pd.experts_ranks()
+    assert grid.shape == (2, 1, 4, 2)
+    # An ep group: two dp_shard ranks of one tp coordinate (rank 0's peer is 2, not 1).
+    assert grid[0, 0, :, 0].tolist() == [0, 1, 4, 5]  # efsdp: the copies of experts 0..E/2
+    assert grid[0, 0, 0].tolist() == [0, 2]
+    assert grid[1, 0, 3].tolist() == [13, 15]
+    assert sorted(grid.flatten().tolist()) == list(range(16))
+    # Without TP the view is the world's order, as before.
+    no_tp = ParallelDims(dp_replicate=2, dp_shard=4, cp=1, ep=2, world_size=8)
+    assert no_tp.experts_ranks().flatten().tolist() == list(range(8))
+
+
+def _experts_groups(tp: int, ep: int) -> dict:
+    pd = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, ep=ep, world_size=4, tp=tp)
+    pd.build_meshes("cpu")
+    names = ("ep", "efsdp", "experts_fsdp", "tp")
+    return {n: pd.mesh(n).mesh.flatten().tolist() for n in names} | {"all": sorted(pd._meshes)}
+
+
+def test_tp_builds_the_experts_meshes_with_and_without_ep():
+    ep2 = run_distributed(_experts_groups, 4, 2, 2)
+    # World (dp_shard 2, tp 2): ep pairs ranks of one tp coordinate, FSDP shards the experts
+    # over the tp ranks (efsdp = 2 * 2 / 2), which sum their gradients.
+    assert [o["ep"] for o in ep2] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert [o["experts_fsdp"] for o in ep2] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert ep2[0]["tp"] == [0, 1]
+    # ep 1: the experts stay whole per rank group and FSDP shards them over dp_shard * tp.
+    ep1 = run_distributed(_experts_groups, 4, 2, 1)
+    assert [o["experts_fsdp"] for o in ep1] == [[0, 1, 2, 3]] * 4
+    assert [o["ep"] for o in ep1] == [[0], [1], [2], [3]]
+    assert "experts" in ep1[0]["all"]
+
+
 ZBV = ["--parallelism.pipeline_parallel_degree", "2"]
 ZBV += ["--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble"]
 
@@ -169,8 +207,9 @@ def _start(args) -> tuple[int, list[str]]:
             "divisible by 2 * context_parallel_degree = 4",
         ),
         (
-            ["--model.flavor", "debugmodel_moe", "--parallelism.tensor_parallel_degree", "2"],
-            "tensor_parallel_degree = 2 with an MoE model (num_experts = 8) is not supported yet",
+            ["--model.flavor", "debugmodel_moe", "--parallelism.tensor_parallel_degree", "2"]
+            + ["--model.vocab_size", "2048"],
+            None,
         ),
         (
             ["--parallelism.tensor_parallel_degree", "2", "--training.seq_len", "33"],

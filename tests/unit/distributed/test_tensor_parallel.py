@@ -17,6 +17,7 @@ from torchtitan_ablate.distributed.parallel_dims import ParallelDims, ParallelDi
 from torchtitan_ablate.distributed.tensor_parallel import apply_tp, tp_shard_labels
 from torchtitan_ablate.models.common.init import ParamInit
 from torchtitan_ablate.models.qwen3 import Qwen3Model, qwen3_flavors
+from torchtitan_ablate.models.qwen3.parallelize import tp_split_sizes
 
 # debugmodel with 2 layers: 8 query / 4 kv heads, so each of 2 ranks holds a GQA group of 4 / 2.
 ARGS = dataclasses.replace(qwen3_flavors["debugmodel"], n_layers=2)
@@ -98,8 +99,12 @@ def test_tp_must_divide_the_split_sizes():
         pd.check_model(0, 64, {"n_heads": 8, "n_kv_heads": 2})
     with pytest.raises(ParallelDimsError, match="must divide training.seq_len = 66"):
         pd.check_model(0, 66)
-    with pytest.raises(ParallelDimsError, match=r"MoE model \(num_experts = 8\) is not supported"):
-        pd.check_model(8, 64)
+    pd.check_model(8, 64)  # MoE: its experts are not split by TP (tensor_parallel.py)
+    # The dense FFN width only where a layer is dense: an all-MoE model never splits it.
+    assert "hidden_dim" in tp_split_sizes(ARGS)
+    assert "hidden_dim" not in tp_split_sizes(qwen3_flavors["debugmodel_moe"])
+    sparse = dataclasses.replace(qwen3_flavors["debugmodel_moe"], decoder_sparse_step=2)
+    assert "hidden_dim" in tp_split_sizes(sparse)
     # With CP, sequence parallel splits each cp rank's sequence: 68 is whole 2 * cp chunks, but
     # its cp rank's 34 tokens do not split over tp 4.
     tp_cp = ParallelDims(dp_replicate=1, dp_shard=1, cp=2, ep=1, world_size=8, tp=4)

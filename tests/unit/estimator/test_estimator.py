@@ -15,6 +15,7 @@ from torchtitan_ablate.estimator import estimate, estimate_main
 
 CP2 = ["--parallelism.context_parallel_degree", "2"]
 HSDP = ["--parallelism.data_parallel_replicate_degree", "2"]
+TP2 = ["--parallelism.tensor_parallel_degree", "2"]
 
 
 @pytest.mark.parametrize(
@@ -27,8 +28,9 @@ HSDP = ["--parallelism.data_parallel_replicate_degree", "2"]
         (DENSE, 2, ["--float8.enable", "true"]),
         (MOE, 2, ["--parallelism.expert_parallel_degree", "2"]),
         (DENSE, 4, HSDP),
+        (MOE, 4, ["--parallelism.expert_parallel_degree", "2", *TP2]),
     ],
-    ids=["fsdp4", "ac_full", "ac_selective", "cp2", "float8", "ep2", "hsdp"],
+    ids=["fsdp4", "ac_full", "ac_selective", "cp2", "float8", "ep2", "hsdp", "moe_tp2_ep2"],
 )
 def test_estimate_runs(base, world_size, extra):
     est = estimate(_config(base, world_size, *extra))
@@ -147,9 +149,10 @@ TOKENS = ["--parallelism.expert_parallel_dispatch", "tokens"]
         (DENSE, []),
         (MOE, ["--parallelism.expert_parallel_degree", "2"]),
         (MOE, ["--parallelism.expert_parallel_degree", "2", *TOKENS]),
-        (DENSE, ["--parallelism.tensor_parallel_degree", "2"]),
+        (DENSE, TP2),
+        (MOE, TP2),
     ],
-    ids=["fsdp2_dense", "ep2_moe", "ep2_moe_tokens", "tp2_dense"],
+    ids=["fsdp2_dense", "ep2_moe", "ep2_moe_tokens", "tp2_dense", "tp2_moe"],
 )
 def test_estimate_matches_real_cpu_ranks(base, extra):
     config = _config(base, 2, *extra)

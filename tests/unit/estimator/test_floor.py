@@ -32,13 +32,25 @@ def _recipe(name: str, *extra: str):
         (DENSE, 2, []),
         (MOE, 4, EP2_HSDP_LORA),
         (DENSE, 4, ["--parallelism.tensor_parallel_degree", "2"]),
+        (MOE, 4, ["--parallelism.tensor_parallel_degree", "2"]),
+        (
+            MOE,
+            4,
+            [
+                "--parallelism.tensor_parallel_degree",
+                "2",
+                "--parallelism.expert_parallel_degree",
+                "2",
+            ],
+        ),
     ],
-    ids=["fsdp2_dense", "moe_ep2_hsdp_lora", "tp2_fsdp2_dense"],
+    ids=["fsdp2_dense", "moe_ep2_hsdp_lora", "tp2_fsdp2_dense", "moe_tp2_fsdp2", "moe_tp2_ep2"],
 )
 def test_floor_is_the_traced_model_state(base, world_size, extra):
     # Parameters and Adam's moments are resident through the whole traced step: the floor,
     # computed on the meta device, must be exactly what the tracker counts (EP splits the
-    # experts, HSDP replicates, LoRA freezes the base: no moments for it).
+    # experts, HSDP replicates, LoRA freezes the base: no moments for it; with TP, FSDP shards
+    # the experts over the tp ranks too).
     config = _config(base, world_size, *extra)
     floor = floor_at(config, model_state(config), world_size)
     cats = estimate(config)["by_category"]

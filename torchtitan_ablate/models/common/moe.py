@@ -2,8 +2,8 @@
 
 The load-balancing loss enters training through the layer's own output: `_AttachAuxLoss` returns
 the output unchanged and, in backward, hands the aux loss a gradient of `aux_loss_scale` (set by
-the trainer: 1 / (micro-batches * dp * cp)). Adding it to the final loss instead would send its
-gradient to every layer's router as soon as backward starts, which makes full activation
+the trainer: 1 / (micro-batches * dp * cp * tp)). Adding it to the final loss instead would send
+its gradient to every layer's router as soon as backward starts, which makes full activation
 checkpointing recompute all layers at once (30B-A3B, EP 8: 30 GiB instead of 14 per GPU).
 Exposed for metrics: `aux_loss` (last forward's coefficient-scaled value, detached),
 `tokens_per_expert` (float counts accumulated since the last reset) and, when enabled, the
@@ -17,6 +17,7 @@ Shape legend: B batch, S sequence, D model dim, T = B*S tokens, E experts, K top
 R = T*K routed rows.
 """
 
+from collections.abc import Callable
 from typing import TypeVar
 
 import torch
@@ -27,6 +28,10 @@ from torchtitan_ablate.models.common.experts import GroupedExperts
 from torchtitan_ablate.models.common.init import ParamInit, init_for
 
 Slot = TypeVar("Slot", int, torch.Tensor)
+
+
+def _as_is(weight: torch.Tensor) -> torch.Tensor:
+    return weight
 
 
 class TopKRouter(nn.Module):
@@ -50,6 +55,9 @@ class TopKRouter(nn.Module):
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
         self.force_load_balance = force_load_balance
+        # The gate weight as the router computes with it: the parameter itself (tensor parallel
+        # swaps in the local copy of its replicated DTensor, tensor_parallel.py).
+        self.gate_weight_fn: Callable[[torch.Tensor], torch.Tensor] = _as_is
 
     def forward(
         self, x_TD: torch.Tensor, expert_bias_E: torch.Tensor | None
@@ -57,7 +65,7 @@ class TopKRouter(nn.Module):
         """Returns (probs_TE float32, weights_TK float32, experts_TK int64)."""
         # Logits in float32 whatever the parameter dtype (bf16 under FSDP mixed precision):
         # near-ties between experts decide routing.
-        logits_TE = F.linear(x_TD.float(), self.gate.weight.float())
+        logits_TE = F.linear(x_TD.float(), self.gate_weight_fn(self.gate.weight).float())
         probs_TE = logits_TE.softmax(dim=-1)
         if self.force_load_balance:
             n_tokens = x_TD.shape[0]

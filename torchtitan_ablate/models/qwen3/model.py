@@ -217,8 +217,8 @@ class Qwen3Model(nn.Module):
         return torch.stack(losses).sum() if losses else None
 
     def set_moe_aux_loss_scale(self, scale: float) -> None:
-        """Weight of the aux losses' gradient: 1 / (micro-batches * dp * cp ranks), since the
-        trainer sums gradients over ranks and micro-batches."""
+        """Weight of the aux losses' gradient: 1 / (micro-batches * dp * cp * tp ranks), since
+        the trainer sums gradients over ranks and micro-batches."""
         for moe in self.moe_layers():
             moe.aux_loss_scale = scale
 

@@ -20,6 +20,8 @@ PP. pipeline parallel before everything: it cuts the model into this rank's stag
    the TP all-gathers move float8 and the scales cover the whole tensors (on CUDA; gloo
    cannot move float8, so CPU keeps the plain styles, same scales). LoRA with TP is
    refused (TP's styles split nn.Linear, which LoRA's adapted projections no longer are).
+   MoE layers are not split: each tp rank routes its own sequence shard through experts that
+   EP (step 3) and FSDP (over efsdp, which counts the tp ranks) place as without TP.
    With TP, FSDP is applied even over one dp rank (step 7).
 3. expert parallel: installs token dispatch/combine around the routed experts.
 4. context parallel: wraps attention so it sees every key/value of the sharded sequence. After
@@ -64,9 +66,11 @@ logger = logging.getLogger("torchtitan_ablate")
 
 def tp_split_sizes(args: Qwen3ModelArgs) -> dict[str, int]:
     """The sizes apply_tp splits over the tp ranks: query and kv heads (each rank holds whole
-    heads, and its query heads' kv heads), the FFN width, and the vocabulary (embedding and
-    output head rows)."""
-    names = ("n_heads", "n_kv_heads", "hidden_dim", "vocab_size")
+    heads, and its query heads' kv heads), the dense FFN width (when a layer is dense: MoE
+    layers are not split), and the vocabulary (embedding and output head rows)."""
+    names = ["n_heads", "n_kv_heads", "vocab_size"]
+    if not all(args.is_moe_layer(i) for i in range(args.n_layers)):
+        names.append("hidden_dim")
     return {name: getattr(args, name) for name in names}
 
 
@@ -196,6 +200,7 @@ def _parallelize_part(
         logger.info("torch.compile per transformer block")
 
     plan = None
+    experts_own_mesh = pd.experts_mesh_enabled and bool(model.args.num_experts)
     if use_fsdp:
         p = job_config.parallelism
         plan = apply_fsdp(
@@ -205,7 +210,8 @@ def _parallelize_part(
             reduce_dtype=getattr(torch, job_config.training.mixed_precision_reduce),
             reshard_after_forward=resolved_reshard_after_forward(p),
             cpu_offload=p.fsdp_cpu_offload,
-            experts_mesh=pd.mesh("experts_fsdp") if pd.ep_enabled else None,
+            # With TP too: the tp ranks route different tokens through the same experts.
+            experts_mesh=pd.mesh("experts_fsdp") if experts_own_mesh else None,
         )
         logger.info(describe_layout(pd.dp_replicate, pd.dp_shard * pd.cp))
     return plan
