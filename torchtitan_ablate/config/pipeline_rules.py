@@ -51,9 +51,6 @@ def check_pipeline_parallel(config: JobConfig) -> None:
         f"parallelism.pipeline_parallel_microbatch_size = {mb} (the pipeline's micro-batches)",
     )
     others = {
-        f"parallelism.tensor_parallel_degree = {p.tensor_parallel_degree}": (
-            p.tensor_parallel_degree > 1
-        ),
         "float8.enable = true": config.float8.enable,
         "lora.enable = true": config.lora.enable,
         "training.dataset = 'preference' (DPO)": dpo_enabled(config),

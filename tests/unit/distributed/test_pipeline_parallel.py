@@ -85,7 +85,7 @@ def test_parallel_dims_counts_pp():
     [
         (["--parallelism.pipeline_parallel_schedule", "GPipe"], "needs parallelism.pipeline_para"),
         (PP2 + ["--parallelism.pipeline_parallel_microbatch_size", "3"], "multiple of"),
-        (PP2 + ["--parallelism.tensor_parallel_degree", "2"], "tensor_parallel_degree = 2 is not"),
+        (PP2 + ["--float8.enable", "true"], "with float8.enable = true is not supported yet"),
         (PP2 + ["--lora.enable", "true"], "with lora.enable = true is not supported yet"),
         (
             PP2 + ["--validation.enable", "true", "--validation.dataset_path", "x.jsonl"],
@@ -125,6 +125,17 @@ def test_context_parallel_under_pp_is_accepted_with_its_sequence_rule():
     assert (pd.pp, pd.cp, pd.dp_shard) == (2, 2, 1)
     with pytest.raises(ConfigError, match="must be divisible by 2 \\* context_parallel_degree"):
         check_layout(load_config(args + ["--training.seq_len", "66"]), 4)
+
+
+def test_tensor_parallel_under_pp_is_accepted_with_its_sequence_rule():
+    """PP 2 x TP 2 (the training equivalence: tests/integration/test_pipeline_tensor_parallel.py);
+    sequence parallel's rule still holds under PP (tp must divide training.seq_len), and TP
+    keeps refusing MoE models."""
+    args = PP2 + ["--parallelism.tensor_parallel_degree", "2", "--model.flavor", "8B"]
+    pd = check_layout(load_config(args + ["--training.seq_len", "64"]), 4).parallel_dims
+    assert (pd.pp, pd.tp, pd.dp_shard) == (2, 2, 1)
+    with pytest.raises(ConfigError, match="tensor_parallel_degree = 2 must divide training"):
+        check_layout(load_config(args + ["--training.seq_len", "63"]), 4)
 
 
 def test_expert_parallel_under_pp_borrows_each_slices_dp_ranks():
