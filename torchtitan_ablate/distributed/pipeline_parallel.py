@@ -246,7 +246,7 @@ class ActivationMeta:
     """What crosses a stage boundary: token ids [mb, seq] into the first stage, hidden states
     [mb, seq / tp, dim] of `dtype` between stages, the scalar loss sum out of the last. seq is
     this rank's sequence: training.seq_len / context_parallel_degree (each cp rank's zigzag
-    slice); tensor parallel's sequence parallel splits the hidden states' again over its tp
+    slice); tensor parallel's sequence parallel splits the hidden states again over its tp
     ranks (tensor_parallel._shard_stage_boundaries)."""
 
     microbatch_size: int
