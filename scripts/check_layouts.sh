@@ -15,12 +15,13 @@ the one-GPU run's (scripts/compare_runs.py). Exit 1 if a run failed or left --rt
 Layouts at each world size W: FSDP W, FSDP W in ZeRO-2 mode (reshard never), replicate W,
 CP 2 x FSDP W/2, FSDP W with full activation checkpointing, TP 2 x FSDP W/2, TP 2 with float8
 (tensorwise; against the bf16 run), MoE with EP W; at W = 4 also HSDP 2x2, HSDP 2x2 x EP 2,
-TP 2 x CP 2, PP 2 x CP 2 and the MoE model at PP 2 x EP 2 and TP 2 x EP 2. Pipeline parallel
-needs untied embeddings: PP 2 (1F1B, eager and compiled) and PP 2 x FSDP W/2 (GPipe at W = 4)
-train the 8B flavor cut to --dense-layers blocks, against a one-GPU run of that model without
-compile (not with --cpu: the debug flavors tie their embeddings); at W = 2 the MoE model also
-trains with PP 2 (1F1B), against the MoE one-GPU run (its aux loss is each micro-batch's: a
-small difference).
+TP 2 x CP 2, PP 2 x CP 2, PP 2 x TP 2 and the MoE model at PP 2 x EP 2 and TP 2 x EP 2.
+Pipeline parallel
+needs untied embeddings: PP 2 (1F1B, eager and compiled), PP 2 x FSDP W/2 (GPipe at W = 4),
+PP 2 x CP 2 and PP 2 x TP 2 train the 8B flavor cut to
+--dense-layers blocks, against a one-GPU run of that model without compile (not with --cpu:
+the debug flavors tie their embeddings); at W = 2 the MoE model also trains with PP 2 (1F1B),
+against the MoE one-GPU run (its aux loss is each micro-batch's: a small difference).
 
 Writes OUT/<run>/ (metrics.jsonl, config.toml), OUT/<run>.log, and the verdict tables
 OUT/compare_dense.md, OUT/compare_moe.md and OUT/compare_pp.md.
@@ -154,6 +155,7 @@ for w in $worlds; do
       $P.data_parallel_shard_degree 2 $P.expert_parallel_degree 2
     train dense_tp2_cp2 4 dense $P.tensor_parallel_degree 2 $P.context_parallel_degree 2
     train pp2_cp2 4 untied "${pp[@]}" $P.context_parallel_degree 2
+    train pp2_tp2 4 untied "${pp[@]}" $P.tensor_parallel_degree 2
     train moe_pp2_ep2 4 moe "${pp[@]}" $P.expert_parallel_degree 2
     # Attention by TP, experts by EP over the ranks of one tp coordinate.
     train moe_tp2_ep2 4 moe $P.tensor_parallel_degree 2 $P.expert_parallel_degree 2

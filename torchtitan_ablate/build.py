@@ -265,12 +265,14 @@ def build_run(
     if pd.pp_enabled:
         head = build_loss_head(config, options)
         n_layers, batch = layout.model_args.n_layers, config.training.local_batch_size
-        # Under context parallel a part sees only its cp rank's zigzag slice of the sequence.
+        # Under context parallel a part sees only its cp rank's zigzag slice of the sequence,
+        # under tensor parallel the hidden states only its tp rank's part of that.
         meta = ActivationMeta(
             config.parallelism.pipeline_parallel_microbatch_size,
             config.training.seq_len // pd.cp,
             layout.model_args.dim,
             param_dtype(config.training, device.type),
+            tp=pd.tp,
         )
         loss["pipeline"] = build_pipeline(
             parts, config.parallelism, n_layers, batch, pd.mesh("pp"), device, head, meta

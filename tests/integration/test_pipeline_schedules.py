@@ -1,14 +1,15 @@
 """Pipeline parallel on gloo ranks trains like the one-process run (fp32), with every schedule:
 per-step losses within 1e-5 relative, final parameters within 1e-4 (the tolerances of
-test_parallel_equivalence); a PP 2 checkpoint resumes at PP 2 and on one process, and its HF
-export (checkpoint.last_save_in_hf) holds the whole model.
+test_parallel_equivalence); a PP 2 checkpoint resumes at PP 2 and on one process (also one of
+two parts per rank, Interleaved1F1B, resumed with ZBVZeroBubble too), and its HF export
+(checkpoint.last_save_in_hf) holds the whole model.
 
 The debug model is untied (PP refuses tied embeddings) and narrowed to dim 64 by
 tests/helpers/pipeline_runs.py.
 Three process groups in all, each training several configs in turn (a spawn and its first
 step cost more than the training): 2 ranks (every schedule, 1F1B with compiled blocks, then the
-PP 2 checkpoint run and its PP 2 resume), 1 rank (the reference, then the one-process
-resume), 4 ranks (PP 2 x FSDP 2).
+PP 2 checkpoint runs and their PP 2 resumes), 1 rank (the reference, then the one-process
+resumes), 4 ranks (PP 2 x FSDP 2).
 """
 
 import os
@@ -36,6 +37,8 @@ SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble")
 # Every checkpointed run also writes its last step in HF format (float32: comparable to 1e-4).
 HF = ["--checkpoint.last_save_in_hf", "true", "--checkpoint.export_dtype", "float32"]
 CKPT = ["--checkpoint.enable", "--checkpoint.interval", "1", *HF] + ARGS
+INTERLEAVED = [P + "pipeline_parallel_schedule", "Interleaved1F1B"]
+ZBV = [P + "pipeline_parallel_schedule", "ZBVZeroBubble"]
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +54,13 @@ def pp2(root) -> list[dict]:
     ]
     cases += [("compiled", ARGS + PP2 + MICRO2 + ["--compile.enable"], None)]
     cases += [("ckpt", CKPT + PP2, None), ("ckpt_pp2", CKPT + PP2, "ckpt")]
+    # Two parts per rank, one optimizer over both: saved with Interleaved1F1B (rank 0 holds
+    # stages 0 and 2), resumed with it and with ZBVZeroBubble (rank 0: stages 0 and 3).
+    cases += [("ckpt_i", CKPT + PP2 + INTERLEAVED, None)]
+    cases += [
+        ("ckpt_i_i", CKPT + PP2 + INTERLEAVED, "ckpt_i"),
+        ("ckpt_i_zbv", CKPT + PP2 + ZBV, "ckpt_i"),
+    ]
     return run_distributed(_runs, 2, root, cases, timeout_s=420)
 
 
@@ -58,6 +68,7 @@ def pp2(root) -> list[dict]:
 def one(root, pp2) -> dict:
     """The one-process reference, and the one-process resume of the PP 2 checkpoint."""
     cases: list[Case] = [("reference", ARGS, None), ("ckpt_one", CKPT, "ckpt")]
+    cases += [("ckpt_i_one", CKPT, "ckpt_i")]
     return run_distributed(_runs, 1, root, cases)[0]
 
 
@@ -91,6 +102,19 @@ def test_pp2_checkpoint_resumes_exactly_and_on_one_process(pp2, one):
     after_step1 = {"losses": whole["losses"][1:], "params": whole["params"]}
     for got in (pp2[0]["ckpt_pp2"], one["ckpt_one"]):
         assert_same_training(got, after_step1)
+
+
+def test_checkpoint_of_several_parts_per_rank_resumes_exactly_and_on_one_process(pp2, one):
+    """A rank's parts share one optimizer: its state is saved under the whole model's names
+    (the parts merged by name), so an Interleaved1F1B checkpoint resumes with Interleaved1F1B
+    and ZBVZeroBubble (other stages on each rank) with the uninterrupted run's losses and final
+    weights, and on one process within the tolerances (DCP reshards by name)."""
+    whole = pp2[0]["ckpt_i"]
+    after_step1 = {"losses": whole["losses"][1:], "params": whole["params"]}
+    for name in ("ckpt_i_i", "ckpt_i_zbv"):
+        assert pp2[0][name]["losses"] == after_step1["losses"], name
+        assert_same_training(pp2[0][name], after_step1, atol=0)
+    assert_same_training(one["ckpt_i_one"], after_step1)
 
 
 def test_hf_export_of_a_pp2_run_is_the_whole_model(root, pp2, one):

@@ -6,9 +6,6 @@ from torchtitan_ablate.config.dpo_config import dpo_enabled
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.config.require import at_least, require
 
-# Schedules that run several stages per rank: their model parts share one optimizer, which the
-# checkpoint's per-part optimizer state cannot hold yet.
-MULTI_STAGE = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
 # Schedules that split each backward into an input pass and a later weight pass: the input pass
 # lists the weights to differentiate when it starts, so FSDP must not have resharded them after
 # forward (models/qwen3/parallelize.py's check_fsdp_knobs, where FSDP's use is known).
@@ -51,17 +48,10 @@ def check_pipeline_parallel(config: JobConfig) -> None:
         f"parallelism.pipeline_parallel_microbatch_size = {mb} (the pipeline's micro-batches)",
     )
     others = {
-        f"parallelism.tensor_parallel_degree = {p.tensor_parallel_degree}": (
-            p.tensor_parallel_degree > 1
-        ),
         "float8.enable = true": config.float8.enable,
         "lora.enable = true": config.lora.enable,
         "training.dataset = 'preference' (DPO)": dpo_enabled(config),
         "validation.enable = true": config.validation.enable,
-        f"checkpoint.enable = true with pipeline_parallel_schedule = "
-        f"{p.pipeline_parallel_schedule!r} (several stages per rank)": (
-            config.checkpoint.enable and p.pipeline_parallel_schedule in MULTI_STAGE
-        ),
     }
     for name, on in others.items():
         require(not on, f"{key} with {name} is not supported yet; use one or the other")

@@ -244,13 +244,16 @@ def build_pipeline(
 @dataclass
 class ActivationMeta:
     """What crosses a stage boundary: token ids [mb, seq] into the first stage, hidden states
-    [mb, seq, dim] of `dtype` between stages, the scalar loss sum out of the last. seq is this
-    rank's sequence: training.seq_len / context_parallel_degree (each cp rank's zigzag slice)."""
+    [mb, seq / tp, dim] of `dtype` between stages, the scalar loss sum out of the last. seq is
+    this rank's sequence: training.seq_len / context_parallel_degree (each cp rank's zigzag
+    slice); tensor parallel's sequence parallel splits the hidden states again over its tp
+    ranks (tensor_parallel._shard_stage_boundaries)."""
 
     microbatch_size: int
     seq_len: int
     dim: int
     dtype: torch.dtype
+    tp: int = 1
 
 
 class _StaticVote:
@@ -292,7 +295,7 @@ _STAGE_KWARGS = frozenset(inspect.signature(PipelineStage.__init__).parameters)
 
 
 def _stage_meta(i: int, stages: int, meta: ActivationMeta) -> dict:
-    shape = (meta.microbatch_size, meta.seq_len, meta.dim)
+    shape = (meta.microbatch_size, meta.seq_len // meta.tp, meta.dim)
     # Hidden states carry gradients back across the boundary: marked as needing them.
     hidden = torch.empty(shape, dtype=meta.dtype, device="meta", requires_grad=True)
     tokens = torch.empty(meta.microbatch_size, meta.seq_len, dtype=torch.long, device="meta")

@@ -45,6 +45,10 @@ Layout per block (torchtitan's plan, Megatron-LM's scheme):
   loss sum is per rank, and the trainer sums it over the tp ranks with the dp / cp ones
   (ParallelDims.loss_group).
 
+- Pipeline stages (a part without the embedding or without the final norm and head): the
+  hidden states cross a stage boundary as this rank's plain [B, S / tp, D] slice, made a
+  Shard(1) DTensor again on entry (`_shard_stage_boundaries`).
+
 - float8 (tensorwise): the block's float8 linears take torchao's float8 styles instead
   (`TPStyles`, see float8_tensor_parallel.py); same sharding, but the inputs are cast to float8
   before the sequence all-gather (scales from the amax over the whole DTensor, all ranks).
@@ -209,26 +213,27 @@ def apply_tp(
     `tp_shard_labels`; input ids, positions and document ids stay whole on every tp rank (with
     context parallel: the cp rank's whole zigzag slice, which sequence parallel then splits).
     """
-    parallelize_module(
-        model,
-        tp_mesh,
-        {
-            "tok_embeddings": RowwiseParallel(
-                input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
-            ),
-            # Plain [B, S / tp, D] out: the output head computes this rank's tokens only.
-            "norm": SequenceParallel(use_local_output=True),
-        },
-    )
+    ends = {
+        "tok_embeddings": RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
+        ),
+        # Plain [B, S / tp, D] out: the output head computes this rank's tokens only.
+        "norm": SequenceParallel(use_local_output=True),
+    }
+    # A pipeline stage (pipeline_parallel.split_stages) lacks the modules of other stages.
+    present = {name: style for name, style in ends.items() if getattr(model, name) is not None}
+    parallelize_module(model, tp_mesh, present)
+    _shard_stage_boundaries(model, tp_mesh)
     output = model.output
-    if model.args.tie_embeddings:
-        # parallelize_module replaced the embedding's Parameter with a sharded one: re-tie.
-        output.weight = model.tok_embeddings.weight
-    else:
-        # src_data_rank=None: each rank slices its own (meta) copy, no scatter.
-        sharded = distribute_tensor(output.weight, tp_mesh, [Shard(0)], src_data_rank=None)
-        output.weight = nn.Parameter(sharded)
-    output.weight_fn = gather_vocab_shards
+    if output is not None:
+        if model.args.tie_embeddings:
+            # parallelize_module replaced the embedding's Parameter with a sharded one: re-tie.
+            output.weight = model.tok_embeddings.weight
+        else:
+            # src_data_rank=None: each rank slices its own (meta) copy, no scatter.
+            sharded = distribute_tensor(output.weight, tp_mesh, [Shard(0)], src_data_rank=None)
+            output.weight = nn.Parameter(sharded)
+        output.weight_fn = gather_vocab_shards
     for block in model.layers.values():
         converted = {
             name
@@ -242,3 +247,29 @@ def apply_tp(
             replicated = distribute_tensor(gate, tp_mesh, [Replicate()], src_data_rank=None)
             router.gate.weight = nn.Parameter(replicated, gate.requires_grad)
             router.gate_weight_fn = local_replica
+
+
+def _shard_stage_boundaries(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """A pipeline stage's boundaries under sequence parallel. The pipeline sends plain tensors
+    of static shapes between stages: this rank's [B, S / tp, D] slice of the residual stream.
+    A stage without the embedding takes that slice as its first argument and makes it the
+    Shard(1) DTensor its blocks expect (whose global shape gives the model the whole sequence
+    length for its attention mask); a stage without the final norm returns its blocks' DTensor
+    as the plain slice. A whole model (both ends present) is left alone."""
+    if model.tok_embeddings is None:
+        parallelize_module(
+            model,
+            tp_mesh,
+            PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=False
+            ),
+        )
+    if model.norm is None:
+        model.register_forward_hook(_local_slice)
+
+
+def _local_slice(module: nn.Module, args: tuple, h_BSD: DTensor) -> torch.Tensor:
+    """This rank's [B, S / tp, D] of the stage's output, as a copy: to_local's view cannot be
+    detached in place, which the zero-bubble schedules' input backward does to stage outputs."""
+    assert h_BSD.placements == (Shard(1),), h_BSD.placements
+    return h_BSD.to_local().clone()

@@ -42,6 +42,18 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+        _forget_dtensor_shardings()
+
+
+def _forget_dtensor_shardings() -> None:
+    """Empties DTensor's caches of sharding results (Python's and the C++ fast path's), which
+    hold the meshes they were computed on. Meshes compare equal by layout, not by process
+    group: the next fake world (another pipeline rank's: the estimator traces one per pipeline
+    rank) would take this world's tp mesh from the cache, with group names its process group
+    does not know."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
 
 
 @contextmanager

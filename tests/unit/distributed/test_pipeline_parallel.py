@@ -1,10 +1,13 @@
 """Pipeline parallel without ranks: the stage split, which stages a rank runs, the stages'
 modules and names, and the one-line refusals of what PP does not support yet."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from torchtitan_ablate.build import check_layout
+from torchtitan_ablate.components.checkpoint.state import merge_parts
 from torchtitan_ablate.config import ConfigError, load_config
 from torchtitan_ablate.config.derived import resolved_reshard_after_forward
 from torchtitan_ablate.config.parallelism_config import Parallelism
@@ -73,6 +76,20 @@ def test_stages_keep_their_modules_under_the_whole_models_names():
     assert sorted(names) == sorted(n for n, _ in model.named_parameters(remove_duplicate=False))
 
 
+def test_merged_parts_name_a_ranks_parameters_as_the_whole_model_does():
+    """The checkpoint maps a rank's one optimizer over several parts (stages 0 and 3 here, as
+    ZBVZeroBubble's rank 0) to names through the merged parts; the parts stay as they were."""
+    with torch.device("meta"):
+        model = Qwen3Model(replace(qwen3_flavors["debugmodel"], n_layers=6))
+    # 8 units over 4 stages: embedding + layers.0, 1-2, 3-4, layers.5 + norm + head.
+    parts = split_stages(model, default_fqns(4, 6), [0, 3])
+    merged = dict(merge_parts(parts).named_parameters())
+    own = {n: p for part in parts for n, p in part.named_parameters()}
+    assert merged.keys() == own.keys() and all(merged[n] is p for n, p in own.items())
+    assert any(n.startswith("layers.0.") for n in merged) and "output.weight" in merged
+    assert list(parts[0].layers) == ["0"] and list(parts[1].layers) == ["5"]
+
+
 def test_parallel_dims_counts_pp():
     pd = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, ep=1, world_size=8, tp=2, pp=2)
     assert (pd.dp_shard, pd.dp) == (2, 2)
@@ -85,17 +102,11 @@ def test_parallel_dims_counts_pp():
     [
         (["--parallelism.pipeline_parallel_schedule", "GPipe"], "needs parallelism.pipeline_para"),
         (PP2 + ["--parallelism.pipeline_parallel_microbatch_size", "3"], "multiple of"),
-        (PP2 + ["--parallelism.tensor_parallel_degree", "2"], "tensor_parallel_degree = 2 is not"),
+        (PP2 + ["--float8.enable", "true"], "with float8.enable = true is not supported yet"),
         (PP2 + ["--lora.enable", "true"], "with lora.enable = true is not supported yet"),
         (
             PP2 + ["--validation.enable", "true", "--validation.dataset_path", "x.jsonl"],
             "validation.enable = true is not supported",
-        ),
-        (
-            PP2
-            + ["--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble"]
-            + ["--checkpoint.enable", "true"],
-            "(several stages per rank) is not supported yet",
         ),
         (PP2 + ["--checkpoint.enable", "--checkpoint.create_seed_checkpoint"], "written by one"),
     ],
@@ -125,6 +136,17 @@ def test_context_parallel_under_pp_is_accepted_with_its_sequence_rule():
     assert (pd.pp, pd.cp, pd.dp_shard) == (2, 2, 1)
     with pytest.raises(ConfigError, match="must be divisible by 2 \\* context_parallel_degree"):
         check_layout(load_config(args + ["--training.seq_len", "66"]), 4)
+
+
+def test_tensor_parallel_under_pp_is_accepted_with_its_sequence_rule():
+    """PP 2 x TP 2 (the training equivalence: tests/integration/test_pipeline_tensor_parallel.py);
+    sequence parallel's rule still holds under PP (tp must divide training.seq_len), and TP
+    keeps refusing MoE models."""
+    args = PP2 + ["--parallelism.tensor_parallel_degree", "2", "--model.flavor", "8B"]
+    pd = check_layout(load_config(args + ["--training.seq_len", "64"]), 4).parallel_dims
+    assert (pd.pp, pd.tp, pd.dp_shard) == (2, 2, 1)
+    with pytest.raises(ConfigError, match="tensor_parallel_degree = 2 must divide training"):
+        check_layout(load_config(args + ["--training.seq_len", "63"]), 4)
 
 
 def test_expert_parallel_under_pp_borrows_each_slices_dp_ranks():

@@ -1,6 +1,7 @@
 """The estimator under pipeline parallel: each pipeline rank runs its own program (its parts, the
 schedule's micro-batches in flight), so each is traced, and each trace is checked against the
-same rank's real program on gloo ranks (the tracked step on real tensors).
+same rank's real program on gloo ranks (the tracked step on real tensors). PP 2 x TP 2 too
+(4 ranks): its tp ranks of one pipeline rank alike.
 
 The debug model is untied here (PP refuses tied embeddings). bf16 on CPU
 (training.cpu_mixed_precision): FSDP's mixed precision then wraps the parts, as on a GPU.
@@ -21,35 +22,38 @@ pytestmark = pytest.mark.slow
 P = "--parallelism."
 ARGS = [
     *DENSE, "--model.n_layers", "4", "--training.local_batch_size", "4",
-    "--training.cpu_mixed_precision", "true", "--memory_estimation.world_size", "2",
-    P + "pipeline_parallel_degree", "2",
+    "--training.cpu_mixed_precision", "true", P + "pipeline_parallel_degree", "2",
 ]  # fmt: skip
+TWO_RANKS = [*ARGS, "--memory_estimation.world_size", "2"]
 CASES = {
-    "1F1B": ARGS,
+    "1F1B": TWO_RANKS,
     # Two parts per rank (rank 0 holds the first and the last): both parts' weights, optimizer
     # state and in-flight activations count.
-    "ZBVZeroBubble": [*ARGS, P + "pipeline_parallel_schedule", "ZBVZeroBubble"],
+    "ZBVZeroBubble": [*TWO_RANKS, P + "pipeline_parallel_schedule", "ZBVZeroBubble"],
 }
+# PP 2 x TP 2 on 4 ranks: each pipeline rank traced in its own fake world, one after the other
+# (their tp meshes compare equal, so DTensor's cached shardings must not carry over).
+TP_CASE = [*ARGS, "--memory_estimation.world_size", "4", P + "tensor_parallel_degree", "2"]
 
 
 def _untie() -> None:
     qwen3_flavors["debugmodel"] = replace(qwen3_flavors["debugmodel"], tie_embeddings=False)
 
 
-def _measure(cases: dict[str, list[str]]) -> dict[str, int]:
+def _measure(cases: dict[str, list[str]], world_size: int) -> dict[str, int]:
     """On every gloo rank: the tracked step's peak of each case, on real tensors."""
     from torchtitan_ablate.estimator.tracked_step import tracked_step
 
     _untie()
     return {
-        name: tracked_step(load_config(args), 2, torch.device("cpu")).tracker.peak
+        name: tracked_step(load_config(args), world_size, torch.device("cpu")).tracker.peak
         for name, args in cases.items()
     }
 
 
 @pytest.fixture(scope="module")
 def measured() -> list[dict[str, int]]:
-    return run_distributed(_measure, 2, CASES, timeout_s=300)
+    return run_distributed(_measure, 2, CASES, 2, timeout_s=300)
 
 
 @pytest.mark.parametrize("schedule", sorted(CASES))
@@ -88,3 +92,18 @@ def test_pipeline_ranks_traced_in_processes_of_their_own_give_the_same_estimate(
     for key in ("ranks", "peak_bytes", "rank", "by_category", "top_modules", "program"):
         assert apart[key] == here[key], key
     assert apart["ranks"][0]["peak_bytes"] != apart["ranks"][1]["peak_bytes"]
+
+
+def test_pipeline_with_tensor_parallel_is_estimated_as_it_runs(monkeypatch):
+    from torchtitan_ablate.estimator import estimate
+
+    measured = run_distributed(_measure, 4, {"pptp": TP_CASE}, 4, timeout_s=300)
+    monkeypatch.setitem(qwen3_flavors, "debugmodel", qwen3_flavors["debugmodel"])
+    _untie()
+    args = [*TP_CASE, "--memory_estimation.trace_processes", "1"]  # the untied patch is here
+    est = estimate(load_config(args), target="cpu")
+    assert [(r["rank"], r["pipeline_rank"]) for r in est["ranks"]] == [(0, 0), (2, 1)]
+    for r in est["ranks"]:
+        # The tp ranks of one pipeline rank run alike.
+        assert measured[r["rank"]] == measured[r["rank"] + 1]
+        assert r["peak_bytes"] == pytest.approx(measured[r["rank"]]["pptp"], rel=5e-3)

@@ -73,24 +73,21 @@ class ModelWrapper(Stateful):
 
 
 class OptimizerWrapper(Stateful):
-    """One optimizer per model part, merged into one flat state dict keyed by parameter FQN."""
+    """The optimizers' state as one flat state dict keyed by parameter FQN: one optimizer per
+    model part, or one over all of them (a rank's several pipeline stages share one)."""
 
     def __init__(self, model_parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]):
-        # Checked when used: a run without checkpoints may hold one optimizer over several
-        # parts (the virtual pipeline stages of a rank; config rules refuse checkpoints there).
-        self.counts = len(model_parts), len(optimizers)
+        if len(optimizers) == 1 and len(model_parts) > 1:
+            # torch maps an optimizer's parameters to FQNs through one module.
+            model_parts = [merge_parts(model_parts)]
+        if len(model_parts) != len(optimizers):
+            raise ValueError(
+                f"need one optimizer per model part or one for all, got {len(optimizers)} "
+                f"optimizers for {len(model_parts)} model parts"
+            )
         self.pairs = list(zip(model_parts, optimizers))
 
-    def _check(self) -> None:
-        parts, optimizers = self.counts
-        if parts != optimizers:
-            raise ValueError(
-                f"need one optimizer per model part, got {optimizers} optimizers "
-                f"for {parts} model parts"
-            )
-
     def state_dict(self) -> dict[str, Any]:
-        self._check()
         return {
             k: v
             for model, optim in self.pairs
@@ -100,7 +97,6 @@ class OptimizerWrapper(Stateful):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads the moments and step counts; the param groups' hyperparameters stay this
         run's (the checkpoint's would silently override a changed config)."""
-        self._check()
         for model, optim in self.pairs:
             own = get_optimizer_state_dict(model, optim, options=_OPTIM_OPTIONS).keys()
             settings = [{k: v for k, v in g.items() if k != "params"} for g in optim.param_groups]
@@ -109,6 +105,22 @@ class OptimizerWrapper(Stateful):
             )
             for group, kept in zip(optim.param_groups, settings, strict=True):
                 group.update(kept)
+
+
+def merge_parts(parts: list[nn.Module]) -> nn.Module:
+    """One module holding the parts' modules under their own names (pipeline stages keep the
+    whole model's names: stage 0's `layers.0`, stage 3's `layers.6`, `norm`, `output`). A name
+    that several parts hold is a container (`layers`), merged anew: no part is changed."""
+    # The merged modules' own parameters would be lost (the Qwen3 parts and `layers` hold none).
+    assert not any(p._parameters for p in parts), "model parts with parameters of their own"
+    merged = nn.Module()
+    children: dict[str, list[nn.Module]] = {}
+    for part in parts:
+        for name, child in part.named_children():
+            children.setdefault(name, []).append(child)
+    for name, same in children.items():
+        merged.add_module(name, same[0] if len(same) == 1 else merge_parts(same))
+    return merged
 
 
 class RNGState:
