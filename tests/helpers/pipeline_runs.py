@@ -17,6 +17,17 @@ from torchtitan_ablate.models.qwen3 import qwen3_flavors
 
 STEP1 = os.path.join("checkpoint", "step-1")
 Case = tuple[str, list[str], str | None]  # name, args, the run whose step-1 checkpoint it loads
+# Three steps of 8 sequences of 32 tokens, 4 blocks.
+NARROW_ARGS = ["--training.steps", "3", "--training.seq_len", "32", "--model.n_layers", "4"]
+
+
+def pp2_with(degree: str) -> list[str]:
+    """PP 2 x `degree` 2 (a parallelism key), in micro-batches of 2 sequences."""
+    p = "--parallelism."
+    return [p + "pipeline_parallel_degree", "2", p + degree, "2"] + [
+        p + "pipeline_parallel_microbatch_size",
+        "2",
+    ]
 
 
 def train_narrow_cases(root: str, cases: list[Case]) -> dict:

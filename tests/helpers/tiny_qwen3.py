@@ -20,6 +20,19 @@ def meta_model(args: Qwen3ModelArgs) -> Qwen3Model:
         return Qwen3Model(args)
 
 
+def tp_model(args: Qwen3ModelArgs, tp_mesh=None) -> Qwen3Model:
+    """`args` built on meta, sharded by apply_tp over `tp_mesh` (if given), then materialised
+    on the CPU and initialised by name (seed 0): the same weights with and without TP."""
+    from torchtitan_ablate.distributed.tensor_parallel import apply_tp
+
+    model = meta_model(args)
+    if tp_mesh is not None:
+        apply_tp(model, tp_mesh)
+    model.to_empty(device="cpu")
+    model.init_weights(buffer_device=torch.device("cpu"), init=ParamInit(model, 0, "cpu"))
+    return model
+
+
 def initialised(model: Qwen3Model, seed: int = 7) -> dict[str, torch.Tensor]:
     """Materialises `model` on the CPU, fills it by name from `seed`; its state by canonical
     name."""

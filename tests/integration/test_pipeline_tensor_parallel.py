@@ -19,22 +19,15 @@ import pytest
 
 from tests.helpers.distributed import run_distributed
 from tests.helpers.parallel_harness import assert_same_training
-from tests.helpers.pipeline_runs import Case, train_narrow_cases
+from tests.helpers.pipeline_runs import NARROW_ARGS, Case, pp2_with, train_narrow_cases
 
 pytestmark = pytest.mark.slow
 
 P = "--parallelism."
 # Three steps of 8 sequences of 32 tokens, in micro-batches of 2: each tp rank holds 16 tokens
 # of each sequence between blocks.
-ARGS = ["--training.steps", "3", "--training.seq_len", "32", "--model.n_layers", "4"]
-PP2_TP2 = [
-    P + "pipeline_parallel_degree",
-    "2",
-    P + "tensor_parallel_degree",
-    "2",
-    P + "pipeline_parallel_microbatch_size",
-    "2",
-]
+ARGS = NARROW_ARGS
+PP2_TP2 = pp2_with("tensor_parallel_degree")
 SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
 CKPT = ARGS + ["--checkpoint.enable", "--checkpoint.interval", "1"]
 ZBV = [P + "pipeline_parallel_schedule", "ZBVZeroBubble"]

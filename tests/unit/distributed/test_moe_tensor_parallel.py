@@ -12,23 +12,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 
 from tests.helpers.distributed import run_distributed
+from tests.helpers.tiny_qwen3 import tp_model
 from torchtitan_ablate.components.objective.loss import cross_entropy_sum
-from torchtitan_ablate.distributed.tensor_parallel import apply_tp, tp_shard_labels
-from torchtitan_ablate.models.common.init import ParamInit
-from torchtitan_ablate.models.qwen3 import Qwen3Model, qwen3_flavors
+from torchtitan_ablate.distributed.tensor_parallel import tp_shard_labels
+from torchtitan_ablate.models.qwen3 import qwen3_flavors
 
 # Two MoE layers, no aux loss (each tp rank's covers its own tokens: not the one process's).
 ARGS = dataclasses.replace(qwen3_flavors["debugmodel_moe"], n_layers=2, moe_aux_loss_coef=0.0)
-
-
-def _build(tp_mesh=None) -> Qwen3Model:
-    with torch.device("meta"):
-        model = Qwen3Model(ARGS)
-    if tp_mesh is not None:
-        apply_tp(model, tp_mesh)
-    model.to_empty(device="cpu")
-    model.init_weights(buffer_device=torch.device("cpu"), init=ParamInit(model, 0, "cpu"))
-    return model
 
 
 def _tp_sum(t: torch.Tensor) -> torch.Tensor:
@@ -46,7 +36,7 @@ def _summed_grad(p: torch.Tensor) -> torch.Tensor:
 
 def _compare() -> dict:
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
-    ref, tp = _build(), _build(mesh)
+    ref, tp = tp_model(ARGS), tp_model(ARGS, mesh)
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, ARGS.vocab_size, (2, 32), generator=g)
     labels = torch.randint(0, ARGS.vocab_size, (2, 32), generator=g)

@@ -12,25 +12,15 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from tests.helpers.distributed import run_distributed
+from tests.helpers.tiny_qwen3 import tp_model
 from torchtitan_ablate.components.objective.loss import chunked_loss_head, cross_entropy_sum
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims, ParallelDimsError
-from torchtitan_ablate.distributed.tensor_parallel import apply_tp, tp_shard_labels
-from torchtitan_ablate.models.common.init import ParamInit
-from torchtitan_ablate.models.qwen3 import Qwen3Model, qwen3_flavors
+from torchtitan_ablate.distributed.tensor_parallel import tp_shard_labels
+from torchtitan_ablate.models.qwen3 import qwen3_flavors
 from torchtitan_ablate.models.qwen3.parallelize import tp_split_sizes
 
 # debugmodel with 2 layers: 8 query / 4 kv heads, so each of 2 ranks holds a GQA group of 4 / 2.
 ARGS = dataclasses.replace(qwen3_flavors["debugmodel"], n_layers=2)
-
-
-def _build(args, tp_mesh=None) -> Qwen3Model:
-    with torch.device("meta"):
-        model = Qwen3Model(args)
-    if tp_mesh is not None:
-        apply_tp(model, tp_mesh)
-    model.to_empty(device="cpu")
-    model.init_weights(buffer_device=torch.device("cpu"), init=ParamInit(model, 0, "cpu"))
-    return model
 
 
 def _loss(model, tokens_BS, labels_BS, chunked: bool) -> torch.Tensor:
@@ -49,7 +39,7 @@ def _compare(tied: bool, chunked: bool) -> dict:
     without FSDP; full_tensor() sums them."""
     args = dataclasses.replace(ARGS, tie_embeddings=tied)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
-    ref, tp = _build(args), _build(args, mesh)
+    ref, tp = tp_model(args), tp_model(args, mesh)
     g = torch.Generator().manual_seed(1)
     loss_ref = loss_tp = 0.0
     for _ in range(2):  # two micro-batches: gradients accumulate
