@@ -56,7 +56,7 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
     # so the per-forward aux losses are averaged here.
     moe = RankMoE(run.model_parts)
     forwards = len(batches) * (run.pipeline.n_microbatches if run.pipeline is not None else 1)
-    aux_scale = 1.0 / (forwards * pd.dp * pd.cp * pd.tp)
+    aux_scale = 1.0 / (forwards * pd.num_loss_ranks)
     moe.set_aux_loss_scale(aux_scale)
     ce_total = torch.zeros((), device=device)
     aux_total = torch.zeros((), device=device)

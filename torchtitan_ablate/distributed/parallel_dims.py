@@ -114,6 +114,12 @@ class ParallelDims:
         return self.dp_replicate * self.dp_shard
 
     @property
+    def num_loss_ranks(self) -> int:
+        """Ranks that hold different tokens of one step and so share its loss: dp x cp x tp
+        (context and tensor parallel ranks each hold their own slice of the sequence)."""
+        return self.dp * self.cp * self.tp
+
+    @property
     def efsdp(self) -> int:
         """Shard degree of routed experts: the dp_shard * cp * tp ranks left after EP (tp
         ranks route their own sequence slices, so they hold copies of the same experts)."""
@@ -203,7 +209,7 @@ class ParallelDims:
     def loss_group(self) -> dist.ProcessGroup | None:
         """The ranks whose tokens share one loss (dp x cp x tp: context and tensor parallel
         ranks each count their own slice of the sequence), or None on a single such rank."""
-        return self.mesh("loss").get_group() if self.dp * self.cp * self.tp > 1 else None
+        return self.mesh("loss").get_group() if self.num_loss_ranks > 1 else None
 
     def pp_group(self) -> dist.ProcessGroup | None:
         """The ranks holding the other pipeline stages of this rank's model, or None without
