@@ -4,15 +4,17 @@ On CPU the float8 linears keep the plain TP styles (gloo cannot all-gather float
 distributed/float8_tensor_parallel.py), so this proves the scaling: every Float8Linear scales
 its input, weight and output gradient by the amax of the whole DTensor, as one process does.
 
-Tolerances (measured on the debug model, 3 steps, seq 64):
-- step 1, same weights: loss within 1e-6 relative (measured equal) and gradient norm within
-  1e-4 (measured 1.7e-5; fp32 sums in another order). float8 itself moves the step-1 loss by
-  1e-4 relative, and a per-shard amax would change the scales, so both would fail this.
-- later steps: loss within 5e-4 relative (measured 8.4e-5). Float8 rounding turns the tiny
+The debug model cut to 2 layers and seq 16, 3 steps: torch's CPU float8 matmul is a slow
+reference kernel on some CPUs (0.24 s for a 128 x 256 x 512 product on a 2-core Xeon), where
+4 layers at seq 64 took six minutes. Tolerances, measured there:
+- step 1, same weights: loss within 5e-6 relative (measured 1.2e-6) and gradient norm within
+  1e-4 (measured 5.7e-5; fp32 sums in another order). float8 itself moves the step-1 loss by
+  4.6e-4 relative, and a per-shard amax would change the scales, so both would fail this.
+- later steps: loss within 5e-4 relative (measured 2.4e-4). Float8 rounding turns the tiny
   fp32 differences of step 1's update into whole float8 steps on some elements, so the runs
-  drift apart by more than fp32 noise; 5e-4 stays below float8's own effect (7e-4 at step 2).
-- final weights: relative L2 distance within 1e-2 (measured 2.7e-3; float8 vs fp32 training is
-  2.2e-2). Elementwise closeness does not hold: AdamW moves an element by ~lr whatever the size
+  drift apart by more than fp32 noise.
+- final weights: relative L2 distance within 1e-2 (measured 6.8e-3; float8 vs fp32 training is
+  2.1e-2). Elementwise closeness does not hold: AdamW moves an element by ~lr whatever the size
   of its gradient, so a tiny gradient whose sign flips puts it 2 lr (4e-3) apart.
 
 float8 x TP 2 x FSDP 2 is not compared: with data parallel each rank scales its own
@@ -30,6 +32,7 @@ from tests.helpers.parallel_harness import train_layout
 pytestmark = pytest.mark.slow
 
 FLOAT8 = ["--float8.enable", "true", "--float8.recipe", "tensorwise", "--training.steps", "3"]
+FLOAT8 += ["--model.n_layers", "2", "--training.seq_len", "16"]
 TP2 = ["--parallelism.tensor_parallel_degree", "2"]
 
 
@@ -46,7 +49,7 @@ def test_float8_tp2_matches_single_process(tmp_path):
     assert len(got["losses"]) == len(ref["losses"]) == 3
 
     (loss1, *later), (ref1, *ref_later) = got["losses"], ref["losses"]
-    assert abs(loss1 - ref1) <= 1e-6 * ref1, f"step 1: loss {loss1} vs {ref1}"
+    assert abs(loss1 - ref1) <= 5e-6 * ref1, f"step 1: loss {loss1} vs {ref1}"
     norm1, ref_norm1 = got["grad_norms"][0], ref["grad_norms"][0]
     assert abs(norm1 - ref_norm1) <= 1e-4 * ref_norm1, f"step 1: grad norm {norm1} vs {ref_norm1}"
     for step, (a, b) in enumerate(zip(later, ref_later, strict=True), 2):

@@ -216,3 +216,38 @@ def test_fsdp_two_ranks_match_one_process(tmp_path, flavor):
     assert f"none on {n_exempt} tensors" in ref["line"][0]
     assert all(o["line"] == ref["line"] for o in out)
     assert_same_training(out[0], ref)
+
+
+def _local_shard_vs_dtensor_step(impl: str) -> dict[str, bool]:
+    """On 2 ranks: Shard(0) parameters step bitwise as torch's AdamW on DTensors; a group with a
+    Partial gradient (which the DTensor step all-reduces) is stepped as DTensors too."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    from torchtitan_ablate.components.optim.optimizer import LocalShardAdamW
+
+    mesh = init_device_mesh("cpu", (2,))
+    rank = torch.distributed.get_rank()
+    same = {}
+    for case, placement in (("sharded", Shard(0)), ("partial grad", Replicate())):
+        params = {}
+        for cls in (torch.optim.AdamW, LocalShardAdamW):
+            torch.manual_seed(0)
+            ps = [nn.Parameter(distribute_tensor(torch.randn(4, 3), mesh, [placement]))]
+            opt = cls(ps, lr=0.1, weight_decay=0.1, **{impl: True})
+            for step in range(3):
+                g = torch.full_like(ps[0].to_local(), float(rank + step + 1))
+                grad_placement = Partial() if case == "partial grad" else placement
+                ps[0].grad = type(ps[0]).from_local(g, mesh, [grad_placement])
+                opt.step()
+            params[cls] = ps[0].full_tensor()
+        same[case] = torch.equal(*params.values())
+    return same
+
+
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+def test_local_shard_step_equals_dtensor_step(impl):
+    assert (
+        run_distributed(_local_shard_vs_dtensor_step, 2, impl)
+        == [{"sharded": True, "partial grad": True}] * 2
+    )
