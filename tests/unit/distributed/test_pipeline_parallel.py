@@ -105,8 +105,10 @@ def test_parallel_dims_counts_pp():
         (PP2 + ["--float8.enable", "true"], "with float8.enable = true is not supported yet"),
         (PP2 + ["--lora.enable", "true"], "with lora.enable = true is not supported yet"),
         (
-            PP2 + ["--validation.enable", "true", "--validation.dataset_path", "x.jsonl"],
-            "validation.enable = true is not supported",
+            PP2
+            + ["--validation.enable", "true", "--validation.dataset_path", "x.jsonl"]
+            + ["--validation.local_batch_size", "12"],
+            "validation.local_batch_size = 12 with parallelism.pipeline_parallel_degree = 2 must",
         ),
         (PP2 + ["--checkpoint.enable", "--checkpoint.create_seed_checkpoint"], "written by one"),
     ],
