@@ -56,7 +56,6 @@ def check_pipeline_parallel(config: JobConfig) -> None:
     )
     others = {
         "float8.enable = true": config.float8.enable,
-        "lora.enable = true": config.lora.enable,
         "training.dataset = 'preference' (DPO)": dpo_enabled(config),
     }
     for name, on in others.items():

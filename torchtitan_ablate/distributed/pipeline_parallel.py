@@ -115,7 +115,7 @@ def plan_stages(p: Parallelism, n_layers: int) -> list[list[str]]:
 
 def check_pipeline(config: JobConfig, model_args: Any) -> None:
     """What pipeline parallel needs of the model (build.check_layout calls it before any
-    build): untied embeddings and a feasible split."""
+    build): untied embeddings, a feasible split, and under LoRA a block on every rank."""
     pp = config.parallelism.pipeline_parallel_degree
     if model_args.tie_embeddings:
         raise ConfigError(
@@ -133,9 +133,20 @@ def check_pipeline(config: JobConfig, model_args: Any) -> None:
             "functions, which the loss and the MoE aux loss are); use 1F1B or Interleaved1F1B"
         )
     try:
-        stages = len(plan_stages(p, model_args.n_layers))
+        fqns = plan_stages(p, model_args.n_layers)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    stages = len(fqns)
+    for rank in range(pp) if config.lora.enable else ():
+        # LoRA trains adapters on blocks only: a rank without one would have nothing to train.
+        names = [n for i in stage_ids(p, rank, stages) for n in fqns[i]]
+        if not any(n.startswith("layers.") for n in names):
+            raise ConfigError(
+                f"lora.enable = true with parallelism.pipeline_parallel_degree = {pp}: pipeline "
+                f"rank {rank} holds no transformer block ({', '.join(names)}), so no adapter "
+                "to train; change parallelism.pipeline_parallel_layers_per_stage or "
+                "module_fqns_per_model_part"
+            )
     n_micro = num_microbatches(p, config.training.local_batch_size)
     if schedule == "1F1B" and n_micro < stages:
         # torch's 1F1B fills the pipeline before its first backward: one micro-batch per part.

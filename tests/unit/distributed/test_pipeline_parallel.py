@@ -103,7 +103,6 @@ def test_parallel_dims_counts_pp():
         (["--parallelism.pipeline_parallel_schedule", "GPipe"], "needs parallelism.pipeline_para"),
         (PP2 + ["--parallelism.pipeline_parallel_microbatch_size", "3"], "multiple of"),
         (PP2 + ["--float8.enable", "true"], "with float8.enable = true is not supported yet"),
-        (PP2 + ["--lora.enable", "true"], "with lora.enable = true is not supported yet"),
         (
             PP2
             + ["--validation.enable", "true", "--validation.dataset_path", "x.jsonl"]
@@ -123,6 +122,10 @@ def test_refusals_are_one_line(args, message):
     "args, message",
     [
         (PP2, "ties the embedding and output weights"),
+        (
+            PP2 + ["--model.flavor", "8B", "--model.n_layers", "1", "--lora.enable", "true"],
+            "pipeline rank 1 holds no transformer block \\(norm, output\\), so no adapter",
+        ),
     ],
 )
 def test_model_refusals(args, message):
