@@ -9,10 +9,10 @@ moments under the whole model's names) resumes on one process like the uninterru
 its exports, the merged HF model (checkpoint.last_save_in_hf) and the PEFT adapters
 (scripts/convert_checkpoint.py --peft), equal the one-process run's.
 
-Two process groups, each training several configs in turn: 2 ranks (the PP runs), 1 rank (the
-references and the resume). The debug model is untied and narrowed to dim 64
-(tests/helpers/pipeline_runs.py); LoRA on a randomly initialised model: B starts at 0, the
-adapters move at the first step.
+Three process groups, each training its configs in turn: 2 ranks (the PP runs), 1 rank (the
+references and the resume), 4 ranks (PP 2 x FSDP 2). The debug model is untied and narrowed to
+dim 64 (tests/helpers/pipeline_runs.py); LoRA on a randomly initialised model: B starts at 0,
+the adapters move at the first step.
 """
 
 import sys
@@ -40,6 +40,7 @@ SCHEDULES = ("1F1B", "ZBVZeroBubble")
 HF = ["--checkpoint.last_save_in_hf", "true", "--checkpoint.export_dtype", "float32"]
 CKPT = ARGS + ["--checkpoint.enable", "--checkpoint.interval", "1", *HF]
 INTERLEAVED = [P + "pipeline_parallel_schedule", "Interleaved1F1B"]
+ZBV = [P + "pipeline_parallel_schedule", "ZBVZeroBubble"]
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,16 @@ def test_pp2_lora_matches_single_process(pp2, one, schedule):
             assert torch.equal(got["params"][k], params[k]), k
         elif ".lora_b" in k:  # trained away from 0
             assert params[k].abs().max() > 0, k
+
+
+def test_pp2_fsdp2_lora_matches_single_process(root, one):
+    """PP 2 x FSDP 2 (4 ranks, 4 sequences per dp rank; ZBVZeroBubble): each part's frozen and
+    trainable weights sharded together over its 2 dp ranks, as without PP."""
+    args = ARGS + VAL + PP2 + ZBV + ["--training.local_batch_size", "4"]
+    out = run_distributed(_runs, 4, root, [("fsdp2", args, None)])
+    for key in ("losses", "validation"):
+        assert all(o["fsdp2"][key] == out[0]["fsdp2"][key] for o in out)
+    assert_same_training(out[0]["fsdp2"], one["reference"])
 
 
 def test_pp2_lora_checkpoint_resumes_and_exports_as_one_process(root, pp2, one):

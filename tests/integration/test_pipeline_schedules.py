@@ -92,12 +92,15 @@ def test_pp2_with_compiled_blocks_matches_single_process(pp2, one):
 
 def test_pp2_fsdp2_matches_single_process(root, one):
     """PP 2 x FSDP 2: each stage sharded over its own 2 ranks (4 sequences per dp rank, in
-    micro-batches of 2)."""
+    micro-batches of 2), one part per rank (1F1B) and two (ZBVZeroBubble, whose eval also runs
+    its gradient-reduce actions over the sharded parts)."""
     args = ARGS + VAL + PP2 + MICRO2 + ["--training.local_batch_size", "4"]
-    out = run_distributed(_runs, 4, root, [("pp2_fsdp2", args, None)])
-    for key in ("losses", "validation"):
-        assert all(o["pp2_fsdp2"][key] == out[0]["pp2_fsdp2"][key] for o in out)
-    assert_same_training(out[0]["pp2_fsdp2"], one["reference"])
+    cases: list[Case] = [("pp2_fsdp2", args, None), ("pp2_fsdp2_zbv", args + ZBV, None)]
+    out = run_distributed(_runs, 4, root, cases)
+    for name, _, _ in cases:
+        for key in ("losses", "validation"):
+            assert all(o[name][key] == out[0][name][key] for o in out)
+        assert_same_training(out[0][name], one["reference"])
 
 
 def test_pp2_checkpoint_resumes_exactly_and_on_one_process(pp2, one):
