@@ -220,6 +220,7 @@ class Pipeline:
     n_microbatches: int
     """Micro-batches per loader batch: forwards of each stage per batch."""
     microbatch_size: int
+    """Sequences per micro-batch (the stages' shapes)."""
 
 
 def build_pipeline(
