@@ -43,10 +43,11 @@ from torchtitan_ablate.config.dpo_config import dpo_enabled
 from torchtitan_ablate.distributed.fsdp import AccumulationPlan, param_dtype
 from torchtitan_ablate.distributed.parallel_dims import ParallelDims
 from torchtitan_ablate.distributed.pipeline_parallel import (
-    ActivationMeta,
     Pipeline,
     build_pipeline,
+    pipeline_loss_sum,
 )
+from torchtitan_ablate.distributed.pipeline_stage import ActivationMeta
 from torchtitan_ablate.layout import Layout, check_layout
 from torchtitan_ablate.models.common import attention
 from torchtitan_ablate.models.common.init import ParamInit
@@ -109,6 +110,13 @@ class Run:
         under FSDP and TP, whose DTensors count whole; with PP its stages')."""
         params = [p for part in self.model_parts for p in part.parameters()]
         return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+
+    def eval_loss(self, batch: dict) -> torch.Tensor | tuple[torch.Tensor, dict]:
+        """loss_fn's value of a micro-batch, forward only (validation, under no_grad): with
+        pipeline parallel the schedule's eval over this rank's stages, on every pp rank."""
+        if self.pipeline is not None:
+            return pipeline_loss_sum(self.pipeline, batch)
+        return self.loss_fn(self.model, batch)
 
 
 def build_layout(config: JobConfig, world_size: int, device_type: str) -> Layout:

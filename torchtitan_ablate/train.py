@@ -219,7 +219,8 @@ class Trainer:
                 values["tokens_seen"] = self.train_state.tokens_seen
                 if validate:
                     start = time.perf_counter()
-                    values |= self.validator.run(self.model, self.loss_fn, self.run.loss_count)
+                    run = self.run
+                    values |= self.validator.run(run.model_parts, run.eval_loss, run.loss_count)
                     self.metrics.exclude_time(time.perf_counter() - start)
                 records.append(self.metrics.log(self.step, values))
             # Every step, so a SIGTERM stops the run at the next step boundary whatever

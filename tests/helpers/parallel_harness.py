@@ -68,7 +68,8 @@ def build_trainer(dump_folder: str, args: list[str]) -> train.Trainer:
 
 def train_layout(dump_folder: str, args: list[str]) -> dict:
     """Runs on every rank; returns losses, gradient norms (before clipping), the logged expert
-    loads and aux losses (MoE; None for dense) and (rank 0) the full fp32 parameters."""
+    loads and aux losses (MoE; None for dense), the validation losses (None where it did not
+    validate) and (rank 0) the full fp32 parameters."""
     build.build_dataloader = _build_global_slicing_loader
     trainer = build_trainer(dump_folder, args)
     trainer.dataloader.batches_done = lambda: trainer.step * trainer.grad_accum
@@ -78,6 +79,7 @@ def train_layout(dump_folder: str, args: list[str]) -> dict:
         "grad_norms": [r["grad_norm"] for r in records],
         "load": [r.get("expert_load_max_over_mean") for r in records],
         "aux": [r.get("moe_aux_loss") for r in records],
+        "validation": [r.get("validation_loss") for r in records],
         "params": full_params(trainer),
     }
 
@@ -108,10 +110,16 @@ def assert_same_training(
 ) -> None:
     """Per-step losses within loss_rtol (relative), final parameters within atol; with
     grad_norm_rtol, also the per-step gradient norms (relative). AdamW is nearly blind to the
-    scale of a step's gradient, so a wrong clipping norm hardly shows in the weights."""
+    scale of a step's gradient, so a wrong clipping norm hardly shows in the weights. Where
+    `got` validated, its validation losses too (loss_rtol), at the reference's steps."""
     for step, (a, b) in enumerate(itertools.zip_longest(got["losses"], ref["losses"]), 1):
         assert a is not None and b is not None, "different number of steps"
         assert abs(a - b) <= loss_rtol * abs(b), f"step {step}: loss {a} vs reference {b}"
+    if any(v is not None for v in got.get("validation", [])):
+        for step, (a, b) in enumerate(zip(got["validation"], ref["validation"], strict=True), 1):
+            assert (a is None) == (b is None), f"step {step}: validated {a} vs reference {b}"
+            if a is not None:
+                assert abs(a - b) <= loss_rtol * abs(b), f"step {step}: validation {a} vs {b}"
     if grad_norm_rtol is not None:
         for step, (a, b) in enumerate(zip(got["grad_norms"], ref["grad_norms"], strict=True), 1):
             assert abs(a - b) <= grad_norm_rtol * b, f"step {step}: grad norm {a} vs {b}"

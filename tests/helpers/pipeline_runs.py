@@ -19,6 +19,10 @@ STEP1 = os.path.join("checkpoint", "step-1")
 Case = tuple[str, list[str], str | None]  # name, args, the run whose step-1 checkpoint it loads
 # Three steps of 8 sequences of 32 tokens, 4 blocks.
 NARROW_ARGS = ["--training.steps", "3", "--training.seq_len", "32", "--model.n_layers", "4"]
+# Validation after every step (under PP the schedule's eval between its training steps) on the
+# same global rows at any dp degree; assert_same_training compares the figures.
+VAL = ["--validation.enable", "true", "--validation.dataset_path", "assets/data/debug_corpus.jsonl"]
+VAL += ["--validation.freq", "1", "--validation.steps", "2", "--training.data_sharding", "rows"]
 
 
 def pp2_with(degree: str) -> list[str]:

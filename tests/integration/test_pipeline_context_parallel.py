@@ -1,6 +1,7 @@
 """Pipeline parallel with context parallel on gloo ranks trains like the one-process run (fp32):
 PP 2 x CP 2 on 4 ranks, per-step losses within 1e-5 relative, gradient norms within 1e-4
-relative, final parameters within 1e-4.
+relative, final parameters within 1e-4; validation (the schedule's eval after every step) gives
+the held-out losses within 1e-5, the same on every rank.
 
 Each part's attention gathers K/V over its own cp group, builds its own CP mask, and the
 pipeline's boundaries carry each cp rank's slice (seq_len / cp tokens); labels are sliced the
@@ -15,7 +16,7 @@ import pytest
 
 from tests.helpers.distributed import run_distributed
 from tests.helpers.parallel_harness import assert_same_training
-from tests.helpers.pipeline_runs import NARROW_ARGS, Case, pp2_with, train_narrow_cases
+from tests.helpers.pipeline_runs import NARROW_ARGS, VAL, Case, pp2_with, train_narrow_cases
 
 pytestmark = pytest.mark.slow
 
@@ -32,10 +33,10 @@ def runs(tmp_path_factory) -> tuple[list[dict], dict]:
     """Every rank's results of the PP 2 x CP 2 group, and the one-process reference."""
     root = str(tmp_path_factory.mktemp("ppcp"))
     cases: list[Case] = [
-        (s, ARGS + PP2_CP2 + [P + "pipeline_parallel_schedule", s], None) for s in SCHEDULES
+        (s, ARGS + VAL + PP2_CP2 + [P + "pipeline_parallel_schedule", s], None) for s in SCHEDULES
     ]
     ppcp = run_distributed(train_narrow_cases, 4, root, cases, timeout_s=300)
-    one = run_distributed(train_narrow_cases, 1, root, [("reference", ARGS, None)])[0]
+    one = run_distributed(train_narrow_cases, 1, root, [("reference", ARGS + VAL, None)])[0]
     return ppcp, one["reference"]
 
 
@@ -43,5 +44,6 @@ def runs(tmp_path_factory) -> tuple[list[dict], dict]:
 def test_pp2_cp2_matches_single_process(runs, schedule):
     ppcp, reference = runs
     # Every rank logs the same loss (summed over the pp ranks, then the cp ranks).
-    assert all(r[schedule]["losses"] == ppcp[0][schedule]["losses"] for r in ppcp)
+    for key in ("losses", "validation"):
+        assert all(r[schedule][key] == ppcp[0][schedule][key] for r in ppcp)
     assert_same_training(ppcp[0][schedule], reference, grad_norm_rtol=1e-4)

@@ -9,8 +9,9 @@ The aux loss is off against one process: each pipeline micro-batch's aux loss is
 with gradient accumulation), so its gradient differs from the one-process run's whole-batch aux
 loss. With it on, PP 2 x EP 2 trains like PP 2 alone: the same micro-batches, each weighing 1 /
 (micro-batches x dp). The aux-loss-free bias is on (moe_bias_update_rate), moved by the step's
-global expert load. max_norm is below the gradient norms (about 0.7), so every step clips by
-the norm over every part and expert shard; the norms are compared too.
+global expert load. Every run validates after each step (the schedule's eval: the held-out loss
+as the reference's, without the aux loss). max_norm is below the gradient norms (about 0.7),
+so every step clips by the norm over every part and expert shard; the norms are compared too.
 """
 
 import os
@@ -20,6 +21,7 @@ import pytest
 
 from tests.helpers.distributed import run_distributed
 from tests.helpers.parallel_harness import assert_same_training, train_layout
+from tests.helpers.pipeline_runs import VAL
 from torchtitan_ablate.models.qwen3 import qwen3_flavors
 
 pytestmark = pytest.mark.slow
@@ -29,9 +31,11 @@ ARGS = [
     "--model.flavor", "debugmodel_moe", "--model.n_layers", "4", "--training.steps", "3",
     "--training.seq_len", "32", "--metrics.log_freq", "1",
     "--model.moe_aux_loss_coef", "0", "--model.moe_bias_update_rate", "1e-3",
-    "--training.max_norm", "0.5",
+    "--training.max_norm", "0.5", *VAL,
 ]  # fmt: skip
 AUX = ["--model.moe_aux_loss_coef", "1e-2"]
+# Steps too small to move an fp32 weight: the initial weights stay (the expert bias moves).
+FROZEN = ["--optimizer.lr", "1e-30"]
 PP2 = [P + "pipeline_parallel_degree", "2", P + "pipeline_parallel_microbatch_size", "2"]
 SCHEDULES = ("1F1B", "ZBVZeroBubble")
 # pp 2 x dp_shard 2 (EP borrows its ranks): 4 of the 8 sequences per dp rank. FSDP is on: under
@@ -63,6 +67,7 @@ def one(root) -> dict:
 @pytest.fixture(scope="module")
 def pp2(root) -> list[dict]:
     cases = [(s, _schedule(s)) for s in SCHEDULES] + [("aux", _schedule("1F1B") + AUX)]
+    cases += [(f"frozen{a}", _schedule("1F1B") + FROZEN + x) for a, x in (("", []), ("_aux", AUX))]
     return run_distributed(_runs, 2, root, cases, timeout_s=300)
 
 
@@ -74,7 +79,8 @@ def pp2_ep2(root) -> list[dict]:
 
 
 def _assert_matches(ranks: list[dict], name: str, ref: dict) -> None:
-    assert all(r[name]["losses"] == ranks[0][name]["losses"] for r in ranks)
+    for key in ("losses", "validation"):
+        assert all(r[name][key] == ranks[0][name][key] for r in ranks)
     # Every layer's load, summed over the dp ranks and gathered over the pp ranks in layer
     # order, on every rank (logged rounded to 3 digits: rel 1e-3).
     assert len(ref["load"][0]) == 4
@@ -107,3 +113,11 @@ def test_pp2_ep2_aux_loss_matches_pp2(pp2, pp2_ep2):
     got, want = pp2_ep2[0]["ep2_aux"], pp2[0]["aux"]
     assert_same_training(got, want)
     _assert_same_norms(got, want)
+
+
+def test_pp2_moe_validation_leaves_the_aux_loss_out(pp2):
+    """The aux loss rides on the gradient only: with the weights kept (lr 1e-30), the held-out loss
+    is the same with it on or off, and the logged aux loss is the training forwards'."""
+    got, want = pp2[0]["frozen_aux"], pp2[0]["frozen"]
+    assert got["validation"] == want["validation"] and None not in got["validation"]
+    assert all(a > 0 for a in got["aux"]) and want["aux"] == [0.0] * 3

@@ -1,8 +1,9 @@
 """Pipeline parallel on gloo ranks trains like the one-process run (fp32), with every schedule:
 per-step losses within 1e-5 relative, final parameters within 1e-4 (the tolerances of
-test_parallel_equivalence); a PP 2 checkpoint resumes at PP 2 and on one process (also one of
-two parts per rank, Interleaved1F1B, resumed with ZBVZeroBubble too), and its HF export
-(checkpoint.last_save_in_hf) holds the whole model.
+test_parallel_equivalence), and validates alike (the schedule's eval after every step: held-out
+losses within 1e-5, the same on every rank, training untouched); a PP 2 checkpoint resumes at
+PP 2 and on one process (also one of two parts per rank, Interleaved1F1B, resumed with
+ZBVZeroBubble too), and its HF export (checkpoint.last_save_in_hf) holds the whole model.
 
 The debug model is untied (PP refuses tied embeddings) and narrowed to dim 64 by
 tests/helpers/pipeline_runs.py.
@@ -20,7 +21,7 @@ from safetensors.torch import load_file
 
 from tests.helpers.distributed import run_distributed
 from tests.helpers.parallel_harness import assert_same_training
-from tests.helpers.pipeline_runs import Case
+from tests.helpers.pipeline_runs import VAL, Case
 from tests.helpers.pipeline_runs import train_narrow_cases as _runs
 
 pytestmark = pytest.mark.slow
@@ -39,6 +40,8 @@ HF = ["--checkpoint.last_save_in_hf", "true", "--checkpoint.export_dtype", "floa
 CKPT = ["--checkpoint.enable", "--checkpoint.interval", "1", *HF] + ARGS
 INTERLEAVED = [P + "pipeline_parallel_schedule", "Interleaved1F1B"]
 ZBV = [P + "pipeline_parallel_schedule", "ZBVZeroBubble"]
+# GPipe validates the reference's 16 rows in one batch of 16: two schedule evals of 8 rows each.
+VAL_ROWS = {"GPipe": ["--validation.local_batch_size", "16", "--validation.steps", "1"]}
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +52,10 @@ def root(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def pp2(root) -> list[dict]:
     """Every rank's results of the 2-rank group."""
+    schedule = P + "pipeline_parallel_schedule"
     cases: list[Case] = [
-        (s, ARGS + PP2 + MICRO2 + [P + "pipeline_parallel_schedule", s], None) for s in SCHEDULES
+        (s, ARGS + VAL + PP2 + MICRO2 + [schedule, s] + VAL_ROWS.get(s, []), None)
+        for s in SCHEDULES
     ]
     cases += [("compiled", ARGS + PP2 + MICRO2 + ["--compile.enable"], None)]
     cases += [("ckpt", CKPT + PP2, None), ("ckpt_pp2", CKPT + PP2, "ckpt")]
@@ -67,14 +72,15 @@ def pp2(root) -> list[dict]:
 @pytest.fixture(scope="module")
 def one(root, pp2) -> dict:
     """The one-process reference, and the one-process resume of the PP 2 checkpoint."""
-    cases: list[Case] = [("reference", ARGS, None), ("ckpt_one", CKPT, "ckpt")]
+    cases: list[Case] = [("reference", ARGS + VAL, None), ("ckpt_one", CKPT, "ckpt")]
     cases += [("ckpt_i_one", CKPT, "ckpt_i")]
     return run_distributed(_runs, 1, root, cases)[0]
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_pp2_schedule_matches_single_process(pp2, one, schedule):
-    assert pp2[0][schedule]["losses"] == pp2[1][schedule]["losses"]  # both log the last stage's
+    for key in ("losses", "validation"):  # both log the last stage's
+        assert pp2[0][schedule][key] == pp2[1][schedule][key]
     assert_same_training(pp2[0][schedule], one["reference"])
 
 
@@ -86,11 +92,15 @@ def test_pp2_with_compiled_blocks_matches_single_process(pp2, one):
 
 def test_pp2_fsdp2_matches_single_process(root, one):
     """PP 2 x FSDP 2: each stage sharded over its own 2 ranks (4 sequences per dp rank, in
-    micro-batches of 2)."""
-    args = ARGS + PP2 + MICRO2 + ["--training.local_batch_size", "4"]
-    out = run_distributed(_runs, 4, root, [("pp2_fsdp2", args, None)])
-    assert all(o["pp2_fsdp2"]["losses"] == out[0]["pp2_fsdp2"]["losses"] for o in out)
-    assert_same_training(out[0]["pp2_fsdp2"], one["reference"])
+    micro-batches of 2), one part per rank (1F1B) and two (ZBVZeroBubble, whose eval also runs
+    its gradient-reduce actions over the sharded parts)."""
+    args = ARGS + VAL + PP2 + MICRO2 + ["--training.local_batch_size", "4"]
+    cases: list[Case] = [("pp2_fsdp2", args, None), ("pp2_fsdp2_zbv", args + ZBV, None)]
+    out = run_distributed(_runs, 4, root, cases)
+    for name, _, _ in cases:
+        for key in ("losses", "validation"):
+            assert all(o[name][key] == out[0][name][key] for o in out)
+        assert_same_training(out[0][name], one["reference"])
 
 
 def test_pp2_checkpoint_resumes_exactly_and_on_one_process(pp2, one):

@@ -1,6 +1,7 @@
 """Pipeline parallel with tensor parallel on gloo ranks trains like the one-process run (fp32):
 PP 2 x TP 2 on 4 ranks, per-step losses within 1e-5 relative, gradient norms within 1e-4
-relative, final parameters within 1e-4.
+relative, final parameters within 1e-4; validation (the schedule's eval after every step) gives
+the held-out losses within 1e-5, the same on every rank.
 
 Under sequence parallel each tp rank holds [mb, seq / tp, dim] of the residual stream, and
 that local slice is what crosses a stage boundary: the next part makes it a Shard(1) DTensor
@@ -19,7 +20,7 @@ import pytest
 
 from tests.helpers.distributed import run_distributed
 from tests.helpers.parallel_harness import assert_same_training
-from tests.helpers.pipeline_runs import NARROW_ARGS, Case, pp2_with, train_narrow_cases
+from tests.helpers.pipeline_runs import NARROW_ARGS, VAL, Case, pp2_with, train_narrow_cases
 
 pytestmark = pytest.mark.slow
 
@@ -38,12 +39,12 @@ def runs(tmp_path_factory) -> tuple[list[dict], dict]:
     """Every rank's results of the PP 2 x TP 2 group, and the one-process runs."""
     root = str(tmp_path_factory.mktemp("pptp"))
     cases: list[Case] = [
-        (s, ARGS + PP2_TP2 + [P + "pipeline_parallel_schedule", s], None) for s in SCHEDULES
+        (s, ARGS + VAL + PP2_TP2 + [P + "pipeline_parallel_schedule", s], None) for s in SCHEDULES
     ]
     # A checkpoint of TP's DTensors, two parts per rank; resumed at PP 2 x TP 2 and on one rank.
     cases += [("ckpt", CKPT + PP2_TP2 + ZBV, None), ("ckpt_pptp", CKPT + PP2_TP2 + ZBV, "ckpt")]
     pptp = run_distributed(train_narrow_cases, 4, root, cases, timeout_s=300)
-    ref_cases: list[Case] = [("reference", ARGS, None), ("ckpt_one", CKPT, "ckpt")]
+    ref_cases: list[Case] = [("reference", ARGS + VAL, None), ("ckpt_one", CKPT, "ckpt")]
     one = run_distributed(train_narrow_cases, 1, root, ref_cases)[0]
     return pptp, one
 
@@ -55,6 +56,7 @@ def test_pp2_tp2_matches_single_process(runs, schedule):
     for r in pptp:
         assert r[schedule]["losses"] == pptp[0][schedule]["losses"]
         assert r[schedule]["grad_norms"] == pptp[0][schedule]["grad_norms"]
+        assert r[schedule]["validation"] == pptp[0][schedule]["validation"]
     assert_same_training(pptp[0][schedule], one["reference"], grad_norm_rtol=1e-4)
 
 

@@ -49,7 +49,8 @@ def _train(dump_folder: str, args: list[str]) -> dict:
     records = trainer.train()
     out = {"records": records}
     if trainer.validator is not None:
-        again = [trainer.validator.run(trainer.model, trainer.loss_fn) for _ in range(2)]
+        run = trainer.run
+        again = [trainer.validator.run(run.model_parts, run.eval_loss) for _ in range(2)]
         out["again"] = [figures["validation_loss"] for figures in again]
         if dist.get_world_size() == 1:
             out["reference"] = _reference_loss(trainer)

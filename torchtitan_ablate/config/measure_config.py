@@ -25,9 +25,10 @@ class Validation:
     ones, so the figures of one run are comparable."""
 
     local_batch_size: int = -1
-    """Sequences per validation micro-batch on each rank; -1 = training.local_batch_size. The
-    memory estimate covers training steps: a no-grad validation step holds no activations for
-    backward and needs less, unless its batch is many times training's."""
+    """Sequences per validation micro-batch on each rank; -1 = training.local_batch_size (with
+    pipeline parallel a multiple of it: the pipeline runs one training batch's shapes at a
+    time). The memory estimate covers training steps: a no-grad validation step holds no
+    activations for backward and needs less, unless its batch is many times training's."""
 
 
 @dataclass

@@ -47,11 +47,16 @@ def check_pipeline_parallel(config: JobConfig) -> None:
         f"training.local_batch_size = {batch} must be a multiple of "
         f"parallelism.pipeline_parallel_microbatch_size = {mb} (the pipeline's micro-batches)",
     )
+    v_batch = config.validation.local_batch_size
+    require(
+        not config.validation.enable or v_batch == -1 or v_batch % batch == 0,
+        f"validation.local_batch_size = {v_batch} with {key} must be a multiple of "
+        f"training.local_batch_size = {batch} (or -1): the pipeline's stages know the shapes "
+        "of a training batch, and validation runs them one such batch at a time",
+    )
     others = {
         "float8.enable = true": config.float8.enable,
-        "lora.enable = true": config.lora.enable,
         "training.dataset = 'preference' (DPO)": dpo_enabled(config),
-        "validation.enable = true": config.validation.enable,
     }
     for name, on in others.items():
         require(not on, f"{key} with {name} is not supported yet; use one or the other")

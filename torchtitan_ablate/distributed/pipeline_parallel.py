@@ -16,17 +16,17 @@ Loss: every stage's forward gets the micro-batch's positions, document ids, labe
 run's loss head as keywords; the last stage's output head returns the cross-entropy sum, and
 the schedule's loss function divides it by the step's global count of valid tokens, as
 step.train_step does, so the loss and the gradients equal the one-process run's (scale_grads
-False: no extra mean over micro-batches).
+False: no extra mean over micro-batches). Validation runs the schedule's eval (forward only,
+torchtitan's way) with that count 1: the sum itself, shared by the pp ranks (`pipeline_loss_sum`).
 """
 
-import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (
     PipelineScheduleSingle,
     ScheduleZBVZeroBubble,
@@ -38,6 +38,11 @@ from torchtitan_ablate.config import ConfigError, JobConfig
 from torchtitan_ablate.config.parallelism_config import Parallelism
 from torchtitan_ablate.config.pipeline_rules import SPLIT_BACKWARD
 from torchtitan_ablate.distributed import utils as dist_utils
+from torchtitan_ablate.distributed.pipeline_stage import (
+    ActivationMeta,
+    KnownShapesStage,
+    stage_meta,
+)
 from torchtitan_ablate.models.common.output_head import LossHead
 
 
@@ -110,7 +115,7 @@ def plan_stages(p: Parallelism, n_layers: int) -> list[list[str]]:
 
 def check_pipeline(config: JobConfig, model_args: Any) -> None:
     """What pipeline parallel needs of the model (build.check_layout calls it before any
-    build): untied embeddings and a feasible split."""
+    build): untied embeddings, a feasible split, and under LoRA a block on every rank."""
     pp = config.parallelism.pipeline_parallel_degree
     if model_args.tie_embeddings:
         raise ConfigError(
@@ -128,9 +133,20 @@ def check_pipeline(config: JobConfig, model_args: Any) -> None:
             "functions, which the loss and the MoE aux loss are); use 1F1B or Interleaved1F1B"
         )
     try:
-        stages = len(plan_stages(p, model_args.n_layers))
+        fqns = plan_stages(p, model_args.n_layers)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    stages = len(fqns)
+    for rank in range(pp) if config.lora.enable else ():
+        # LoRA trains adapters on blocks only: a rank without one would have nothing to train.
+        names = [n for i in stage_ids(p, rank, stages) for n in fqns[i]]
+        if not any(n.startswith("layers.") for n in names):
+            raise ConfigError(
+                f"lora.enable = true with parallelism.pipeline_parallel_degree = {pp}: pipeline "
+                f"rank {rank} holds no transformer block ({', '.join(names)}), so no adapter "
+                "to train; change parallelism.pipeline_parallel_layers_per_stage or "
+                "module_fqns_per_model_part"
+            )
     n_micro = num_microbatches(p, config.training.local_batch_size)
     if schedule == "1F1B" and n_micro < stages:
         # torch's 1F1B fills the pipeline before its first backward: one micro-batch per part.
@@ -203,6 +219,8 @@ class Pipeline:
     pp_mesh: DeviceMesh
     n_microbatches: int
     """Micro-batches per loader batch: forwards of each stage per batch."""
+    microbatch_size: int
+    """Sequences per micro-batch (the stages' shapes)."""
 
 
 def build_pipeline(
@@ -213,7 +231,7 @@ def build_pipeline(
     pp_mesh: DeviceMesh,
     device: torch.device,
     loss_head: LossHead,
-    meta: "ActivationMeta",
+    meta: ActivationMeta,
 ) -> Pipeline:
     """The schedule over this rank's (parallelized, materialized) stages. meta: the
     micro-batches' shapes, given to the stages so they infer nothing at the first step: an
@@ -223,8 +241,8 @@ def build_pipeline(
     ids = stage_ids(p, pp_mesh.get_local_rank(), stages)
     group = pp_mesh.get_group()
     pipeline_stages = [
-        _KnownShapesStage(
-            loss_head, part, i, stages, device, group=group, **_stage_meta(i, stages, meta)
+        KnownShapesStage(
+            loss_head, part, i, stages, device, group=group, **stage_meta(i, stages, meta)
         )
         for part, i in zip(parts, ids)
     ]
@@ -238,83 +256,32 @@ def build_pipeline(
         loss_fn=loss,
         scale_grads=False,
     )
-    return Pipeline(schedule, loss, 0 in ids, stages - 1 in ids, pp_mesh, n_micro)
-
-
-@dataclass
-class ActivationMeta:
-    """What crosses a stage boundary: token ids [mb, seq] into the first stage, hidden states
-    [mb, seq / tp, dim] of `dtype` between stages, the scalar loss sum out of the last. seq is
-    this rank's sequence: training.seq_len / context_parallel_degree (each cp rank's zigzag
-    slice); tensor parallel's sequence parallel splits the hidden states again over its tp
-    ranks (tensor_parallel._shard_stage_boundaries)."""
-
-    microbatch_size: int
-    seq_len: int
-    dim: int
-    dtype: torch.dtype
-    tp: int = 1
-
-
-class _StaticVote:
-    """The result of torch's warm-up vote when every stage knows its shapes: the schedule reads
-    it with `.item()` (1 = static). Not a tensor: under FakeTensorMode (the estimator) a
-    tensor's value cannot be read on the host."""
-
-    def item(self) -> int:
-        return 1
-
-
-class _KnownShapesStage(PipelineStage):
-    """A stage built with every boundary's shapes (`_stage_meta`) and the run's loss head.
-
-    torch (2.13) lets the stages vote at the first step on whether shapes must be inferred,
-    passing a tensor from rank to rank and reading the result on the host; here every stage
-    votes static, so the result is known without the exchange (older torch does not vote: the
-    vote methods are never called). The loss head is added to the forward's keywords here, not
-    passed with the micro-batch: torch 2.11's zero-bubble input backward takes every keyword
-    of the micro-batch for a tensor."""
-
-    def __init__(self, loss_head: LossHead, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._loss_head = loss_head
-
-    def forward_maybe_with_nosync(self, *args: Any, **kwargs: Any) -> Any:
-        return super().forward_maybe_with_nosync(*args, loss_head=self._loss_head, **kwargs)
-
-    def _warmup_forward_vote(self, has_backward: bool, received_acc: Any = None) -> Any:
-        return _StaticVote()
-
-    def _warmup_backward_result(self, received_result: Any = None) -> Any:
-        return _StaticVote()
-
-
-# What this torch's PipelineStage takes: 2.11 takes no gradient shapes (it derives them from
-# the activations').
-_STAGE_KWARGS = frozenset(inspect.signature(PipelineStage.__init__).parameters)
-
-
-def _stage_meta(i: int, stages: int, meta: ActivationMeta) -> dict:
-    shape = (meta.microbatch_size, meta.seq_len // meta.tp, meta.dim)
-    # Hidden states carry gradients back across the boundary: marked as needing them.
-    hidden = torch.empty(shape, dtype=meta.dtype, device="meta", requires_grad=True)
-    tokens = torch.empty(meta.microbatch_size, meta.seq_len, dtype=torch.long, device="meta")
-    loss = torch.empty((), dtype=torch.float32, device="meta", requires_grad=True)
-    first, last = i == 0, i == stages - 1
-    meta_kwargs = {
-        "input_args": tokens if first else hidden,
-        "output_args": loss if last else hidden,
-        # The gradients that cross the boundaries: none into the token ids or the loss.
-        "input_grads": (None,) if first else hidden,
-        "output_grads": (None,) if last else hidden,
-    }
-    return {k: v for k, v in meta_kwargs.items() if k in _STAGE_KWARGS}
+    mb = p.pipeline_parallel_microbatch_size
+    return Pipeline(schedule, loss, 0 in ids, stages - 1 in ids, pp_mesh, n_micro, mb)
 
 
 def pipeline_forward_backward(pipe: Pipeline, batch: dict, count: torch.Tensor) -> torch.Tensor:
     """Forward and backward of one loader batch through the pipeline; returns its loss (sum of
     its micro-batches' cross-entropy sums over `count`) on every pp rank."""
     pipe.loss.count = count
+    return _run_schedule(pipe.schedule.step, pipe, batch)
+
+
+def pipeline_loss_sum(pipe: Pipeline, batch: dict) -> torch.Tensor:
+    """The cross-entropy sum of `batch` (a whole number of loader batches: the stages know one's
+    shapes) through the schedule's eval, forward only, on every pp rank (validation)."""
+    pipe.loss.count = torch.ones((), device=batch["input_ids"].device)  # the sums themselves
+    rows = pipe.n_microbatches * pipe.microbatch_size
+    chunks = [
+        {k: v[i : i + rows] for k, v in batch.items()}
+        for i in range(0, len(batch["input_ids"]), rows)
+    ]
+    return sum(_run_schedule(pipe.schedule.eval, pipe, chunk) for chunk in chunks)
+
+
+def _run_schedule(run: Callable, pipe: Pipeline, batch: dict) -> torch.Tensor:
+    """One schedule call (step or eval) over a loader batch; the sum of its micro-batches'
+    losses, on every pp rank."""
     kwargs = {
         "positions_BS": batch["positions"],
         "document_ids_BS": batch["document_ids"],
@@ -324,7 +291,7 @@ def pipeline_forward_backward(pipe: Pipeline, batch: dict, count: torch.Tensor) 
     losses: list[torch.Tensor] = []
     target = batch["labels"] if pipe.has_last else None
     # return_outputs False: the last stage's outputs are scalars, which cannot be concatenated.
-    pipe.schedule.step(*args, target=target, losses=losses, return_outputs=False, **kwargs)
+    run(*args, target=target, losses=losses, return_outputs=False, **kwargs)
     device = batch["input_ids"].device
     total = torch.stack(losses).sum().detach() if losses else torch.zeros((), device=device)
     # Only the last stage has the loss: the others hold 0, so a sum gives it to every rank.

@@ -103,10 +103,11 @@ def test_parallel_dims_counts_pp():
         (["--parallelism.pipeline_parallel_schedule", "GPipe"], "needs parallelism.pipeline_para"),
         (PP2 + ["--parallelism.pipeline_parallel_microbatch_size", "3"], "multiple of"),
         (PP2 + ["--float8.enable", "true"], "with float8.enable = true is not supported yet"),
-        (PP2 + ["--lora.enable", "true"], "with lora.enable = true is not supported yet"),
         (
-            PP2 + ["--validation.enable", "true", "--validation.dataset_path", "x.jsonl"],
-            "validation.enable = true is not supported",
+            PP2
+            + ["--validation.enable", "true", "--validation.dataset_path", "x.jsonl"]
+            + ["--validation.local_batch_size", "12"],
+            "validation.local_batch_size = 12 with parallelism.pipeline_parallel_degree = 2 must",
         ),
         (PP2 + ["--checkpoint.enable", "--checkpoint.create_seed_checkpoint"], "written by one"),
     ],
@@ -121,6 +122,10 @@ def test_refusals_are_one_line(args, message):
     "args, message",
     [
         (PP2, "ties the embedding and output weights"),
+        (
+            PP2 + ["--model.flavor", "8B", "--model.n_layers", "1", "--lora.enable", "true"],
+            "pipeline rank 1 holds no transformer block \\(norm, output\\), so no adapter",
+        ),
     ],
 )
 def test_model_refusals(args, message):

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+from torch import nn
 
 from torchtitan_ablate.components.data import build_dataloader
 from torchtitan_ablate.components.data.datasets import KEY, DatasetError
@@ -86,30 +87,37 @@ class Validator:
     @torch.no_grad()
     def run(
         self,
-        model: torch.nn.Module,
-        loss_fn: Callable,
+        parts: list[nn.Module],
+        loss_of: Callable[[dict], torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]],
         loss_count: Callable[[dict], torch.Tensor] = count_valid_tokens,
     ) -> dict[str, float]:
         """validation_loss: the loss summed over all ranks' validation micro-batches, divided by
         their global loss_count (valid tokens: the mean cross-entropy per token; DPO: pairs).
-        A loss function's own metrics (DPO's rewards/*, logps/*) come alike as validation_*."""
+        A loss function's own metrics (DPO's rewards/*, logps/*) come alike as validation_*.
+
+        parts: this rank's model parts (the model, or its pipeline stages); loss_of(batch): a
+        micro-batch's loss sum through them, forward only (build.Run.eval_loss: with pipeline
+        parallel the schedule's eval, its sum on every pp rank, so the figure is every rank's)."""
         pd = self.parallel_dims
         # Validation routing must not count towards the expert-load metrics of the log window.
-        saved_load = [moe.tokens_per_expert.clone() for moe in model.moe_layers()]
+        moe_layers = [moe for part in parts for moe in part.moe_layers()]
+        saved_load = [moe.tokens_per_expert.clone() for moe in moe_layers]
         # Eval mode: LoRA dropout off, so the figure is deterministic and no RNG is drawn.
-        was_training = model.training
-        model.eval()
+        was_training = [part.training for part in parts]
+        for part in parts:
+            part.eval()
         sums: dict[str, torch.Tensor] = {}
         count = torch.zeros((), device=self.device)
         for batch in self._micro_batches():
             batch = place_micro_batch(batch, pd, self.device)
-            out = loss_fn(model, batch)
+            out = loss_of(batch)
             loss, metrics = out if isinstance(out, tuple) else (out, {})
             for name, value in {"loss": loss, **metrics}.items():
                 sums[name] = sums.get(name, 0) + value.float()
             count += loss_count(batch)
-        model.train(was_training)
-        for moe, load in zip(model.moe_layers(), saved_load, strict=True):
+        for part, mode in zip(parts, was_training, strict=True):
+            part.train(mode)
+        for moe, load in zip(moe_layers, saved_load, strict=True):
             moe.tokens_per_expert.copy_(load)
         totals = dist_utils.all_reduce_sum(torch.stack([*sums.values(), count]), pd.loss_group())
         means = (totals[:-1] / totals[-1].clamp(min=1)).tolist()

@@ -117,7 +117,7 @@ def apply_lora(
                 _add_linear_adapter(module, rank, scale, dropout)
             hits[target] += 1
     missing = [t for t, n in hits.items() if n == 0]
-    if missing:
+    if missing and len(model.layers):  # a pipeline stage without blocks has nothing to adapt
         logger.warning(f"lora.target_modules {missing} match no module of this model")
     n_lora = sum(p.numel() for name, p in model.named_parameters() if _is_lora(name))
     logger.info(f"LoRA rank {rank}, alpha {alpha}: {n_lora:,} trainable adapter parameters")

@@ -8,7 +8,8 @@ PP. pipeline parallel before everything: it cuts the model into this rank's stag
    path like a whole model; expert parallel shards each part's experts over its own ep ranks,
    context parallel gives each part its cp rank's slice of the sequence, and tensor parallel
    splits each part's weights over its tp ranks (the parts pass each other their tp rank's
-   sequence slice of the hidden states). LoRA and float8 with PP are refused for now.
+   sequence slice of the hidden states). LoRA adapts each part's own blocks; float8 with PP is
+   refused for now.
 0. LoRA first (when enabled): it adds the adapter parameters that EP and FSDP must shard like
    their base weights, and its adapted projections are no longer nn.Linear, so float8 leaves
    them (frozen base included) in high precision instead of dropping the adapters.
