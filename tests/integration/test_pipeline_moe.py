@@ -7,8 +7,9 @@ pp slice, which run the same schedule, so their all-to-alls pair up) or tensor p
 TP 2: each tp rank's MoE layers route its own half of every micro-batch's sequences, its
 experts whole and sharded by FSDP over the stage's 2 tp ranks, the router's gate a replicated
 DTensor whose gradient FSDP sums over them; the expert load and the bias update sum the tp
-ranks' loads). A PP 2 x TP 2 ZBVZeroBubble checkpoint (experts on their own FSDP mesh, the gate
-replicated) resumes on one process like the uninterrupted run.
+ranks' loads), and on 8 with both (PP 2 x TP 2 x EP 2, ZBVZeroBubble). A PP 2 x TP 2
+ZBVZeroBubble checkpoint (experts on their own FSDP mesh, the gate replicated) resumes on one
+process like the uninterrupted run.
 
 The aux loss is off against one process: each pipeline micro-batch's aux loss is its own (as
 with gradient accumulation; under TP each tp rank's covers its own tokens), so its gradient
@@ -82,6 +83,14 @@ def four(root) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
+def eight(root) -> list[dict]:
+    """PP 2 x TP 2 x EP 2: each stage's 4 ranks split the experts over the ep pairs of one tp
+    coordinate, FSDP-sharding them over the 2 tp ranks; two parts per rank."""
+    case = ("tp2_ep2", _schedule("ZBVZeroBubble") + TP2 + EP2, None)
+    return run_distributed(train_narrow_cases, 8, root, [case], timeout_s=300)
+
+
+@pytest.fixture(scope="module")
 def tp2_resumed(root, four) -> dict:
     case = ("tp2_one", ARGS + CKPT, "tp2_ZBVZeroBubble")
     return run_distributed(train_narrow_cases, 1, root, [case])[0]["tp2_one"]
@@ -120,6 +129,10 @@ def test_pp2_ep2_moe_matches_single_process(four, one, schedule):
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_pp2_tp2_moe_matches_single_process(four, one, schedule):
     _assert_matches(four, f"tp2_{schedule}", one)
+
+
+def test_pp2_tp2_ep2_moe_matches_single_process(eight, one):
+    _assert_matches(eight, "tp2_ep2", one)
 
 
 def test_pp2_tp2_moe_checkpoint_resumes_on_one_process(four, tp2_resumed):
