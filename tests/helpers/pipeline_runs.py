@@ -1,5 +1,5 @@
-"""Train configs in turn on every rank with the debug model untied and narrowed, for the
-pipeline-parallel equivalence tests (PP refuses tied embeddings).
+"""Train configs in turn on every rank with the debug models (dense and MoE) untied and
+narrowed, for the pipeline-parallel equivalence tests (PP refuses tied embeddings).
 
 Narrowed to dim 64: a broken schedule's gradients or updates still move the weights far past
 1e-4, in a third of the time. Patched inside the rank function: ranks are forked processes, so
@@ -37,9 +37,11 @@ def pp2_with(degree: str) -> list[str]:
 def train_narrow_cases(root: str, cases: list[Case]) -> dict:
     """On every rank: each case in turn, in root/<name>; a case that resumes starts from a copy
     of that run's step-1 checkpoint (a copy: the resumed run prunes its own folder)."""
-    debug = qwen3_flavors["debugmodel"]
-    narrow = dict(dim=64, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128)
-    qwen3_flavors["debugmodel"] = replace(debug, tie_embeddings=False, **narrow)
+    narrow = dict(tie_embeddings=False, dim=64, n_heads=4, n_kv_heads=2, head_dim=16)
+    narrow["hidden_dim"] = 128
+    flavors = qwen3_flavors
+    flavors["debugmodel"] = replace(flavors["debugmodel"], **narrow)
+    flavors["debugmodel_moe"] = replace(flavors["debugmodel_moe"], moe_hidden_dim=32, **narrow)
     out = {}
     for name, args, resumes in cases:
         folder = os.path.join(root, name)

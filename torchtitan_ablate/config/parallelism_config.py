@@ -26,7 +26,8 @@ class Parallelism:
 
     tensor_parallel_degree: int = 1
     """Ranks each layer's weights are split over (tensor parallel with sequence parallel, the
-    innermost mesh dimension). Dense models only; must divide n_heads, n_kv_heads, hidden_dim,
+    innermost mesh dimension). Dense and MoE models (MoE layers are not split: each tp rank
+    routes its own tokens); must divide n_heads, n_kv_heads, hidden_dim (of dense layers),
     vocab_size and training.seq_len / context_parallel_degree (each cp rank's sequence)."""
 
     enable_async_tensor_parallel: bool = False
@@ -51,7 +52,8 @@ class Parallelism:
     first part also the embedding, the last the final norm and output head. Models with untied
     embeddings only (8B and larger flavors, 30B-A3B); MoE also with expert parallel (each
     part's experts split over the ep ranks of its own pp slice); with context parallel each
-    part takes its cp rank's training.seq_len / context_parallel_degree tokens."""
+    part takes its cp rank's training.seq_len / context_parallel_degree tokens, with tensor
+    parallel (dense and MoE) its weights are split over the tp ranks of its pp slice."""
 
     pipeline_parallel_schedule: Literal[
         "1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"

@@ -88,11 +88,6 @@ class ParallelDims:
         if self.tp == 1:
             return
         key = f"tensor_parallel_degree = {self.tp}"
-        if num_experts and self.pp > 1:
-            raise ParallelDimsError(
-                f"{key} with pipeline_parallel_degree = {self.pp} and an MoE model is not "
-                "supported yet; use one of the two for MoE models"
-            )
         # Sequence parallel splits each cp rank's sequence (already a whole 2 * cp chunks).
         seq_name = "training.seq_len"
         if self.cp > 1:

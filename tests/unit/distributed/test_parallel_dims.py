@@ -47,10 +47,9 @@ def test_model_constraints():
     cp = ParallelDims(dp_replicate=1, dp_shard=1, cp=4, ep=1, world_size=4)
     with pytest.raises(ParallelDimsError, match="divisible by 2 \\* context_parallel_degree = 8"):
         cp.check_model(num_experts=0, seq_len=60)
-    # PP x TP is proven for dense models only; each alone takes MoE models.
+    # PP x TP takes dense and MoE models alike (tests/integration/test_pipeline_moe.py).
     pptp = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, ep=1, world_size=4, tp=2, pp=2)
-    with pytest.raises(ParallelDimsError, match="pipeline_parallel_degree = 2 and an MoE model"):
-        pptp.check_model(num_experts=8, seq_len=64)
+    pptp.check_model(num_experts=8, seq_len=64)
     pptp.check_model(num_experts=0, seq_len=64)
 
 

@@ -1,9 +1,9 @@
 """The estimator under pipeline parallel: each pipeline rank runs its own program (its parts, the
 schedule's micro-batches in flight), so each is traced, and each trace is checked against the
 same rank's real program on gloo ranks (the tracked step on real tensors). PP 2 x TP 2 too
-(4 ranks): its tp ranks of one pipeline rank alike.
+(4 ranks), dense and MoE: one estimate for the tp ranks of one pipeline rank.
 
-The debug model is untied here (PP refuses tied embeddings). bf16 on CPU
+The debug models are untied here (PP refuses tied embeddings). bf16 on CPU
 (training.cpu_mixed_precision): FSDP's mixed precision then wraps the parts, as on a GPU.
 """
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.helpers.distributed import run_distributed
-from tests.helpers.estimator_configs import DENSE
+from tests.helpers.estimator_configs import DENSE, MOE
 from torchtitan_ablate.config import load_config
 from torchtitan_ablate.models.qwen3 import qwen3_flavors
 
@@ -33,11 +33,17 @@ CASES = {
 }
 # PP 2 x TP 2 on 4 ranks: each pipeline rank traced in its own fake world, one after the other
 # (their tp meshes compare equal, so DTensor's cached shardings must not carry over).
-TP_CASE = [*ARGS, "--memory_estimation.world_size", "4", P + "tensor_parallel_degree", "2"]
+TP = ["--memory_estimation.world_size", "4", P + "tensor_parallel_degree", "2"]
+# The MoE model (no EP): each tp rank routes its own half of the sequence. In fp32: under bf16
+# the last pipeline rank's real optimizer step peaks 1.1% above the estimate (0.4% without PP),
+# a gap of the MoE x TP optimizer step that PP does not cause.
+FP32 = ["--training.cpu_mixed_precision", "false"]
+TP_CASES = {"dense": [*ARGS, *TP], "moe": [*MOE, *ARGS[len(DENSE) :], *TP, *FP32]}
 
 
 def _untie() -> None:
-    qwen3_flavors["debugmodel"] = replace(qwen3_flavors["debugmodel"], tie_embeddings=False)
+    for name in ("debugmodel", "debugmodel_moe"):
+        qwen3_flavors[name] = replace(qwen3_flavors[name], tie_embeddings=False)
 
 
 def _measure(cases: dict[str, list[str]], world_size: int) -> dict[str, int]:
@@ -94,16 +100,24 @@ def test_pipeline_ranks_traced_in_processes_of_their_own_give_the_same_estimate(
     assert apart["ranks"][0]["peak_bytes"] != apart["ranks"][1]["peak_bytes"]
 
 
-def test_pipeline_with_tensor_parallel_is_estimated_as_it_runs(monkeypatch):
+@pytest.fixture(scope="module")
+def measured_pptp() -> list[dict[str, int]]:
+    return run_distributed(_measure, 4, TP_CASES, 4, timeout_s=300)
+
+
+@pytest.mark.parametrize("model", sorted(TP_CASES))
+def test_pipeline_with_tensor_parallel_is_estimated_as_it_runs(measured_pptp, model, monkeypatch):
     from torchtitan_ablate.estimator import estimate
 
-    measured = run_distributed(_measure, 4, {"pptp": TP_CASE}, 4, timeout_s=300)
-    monkeypatch.setitem(qwen3_flavors, "debugmodel", qwen3_flavors["debugmodel"])
+    for name in ("debugmodel", "debugmodel_moe"):
+        monkeypatch.setitem(qwen3_flavors, name, qwen3_flavors[name])
     _untie()
-    args = [*TP_CASE, "--memory_estimation.trace_processes", "1"]  # the untied patch is here
+    args = [*TP_CASES[model], "--memory_estimation.trace_processes", "1"]  # the untied patch
     est = estimate(load_config(args), target="cpu")
     assert [(r["rank"], r["pipeline_rank"]) for r in est["ranks"]] == [(0, 0), (2, 1)]
     for r in est["ranks"]:
-        # The tp ranks of one pipeline rank run alike.
-        assert measured[r["rank"]] == measured[r["rank"] + 1]
-        assert r["peak_bytes"] == pytest.approx(measured[r["rank"]]["pptp"], rel=5e-3)
+        # Each of its tp ranks. Not byte for byte alike: the MoE's route their own tokens (their
+        # experts' row buffers differ by a few rows), and the dense one's peaks at times differ
+        # by 10 KiB (0.04%) from run to run.
+        peaks = [measured_pptp[r["rank"] + t][model] for t in (0, 1)]
+        assert all(r["peak_bytes"] == pytest.approx(p, rel=5e-3) for p in peaks), peaks
