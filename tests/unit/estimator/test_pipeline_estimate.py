@@ -41,9 +41,15 @@ FP32 = ["--training.cpu_mixed_precision", "false"]
 TP_CASES = {"dense": [*ARGS, *TP], "moe": [*MOE, *ARGS[len(DENSE) :], *TP, *FP32]}
 
 
-def _untie() -> None:
+def _untie(monkeypatch: pytest.MonkeyPatch | None = None) -> None:
+    """In a test's own process through monkeypatch, so later tests of the process (pytest
+    worker) get the tied flavors back."""
     for name in ("debugmodel", "debugmodel_moe"):
-        qwen3_flavors[name] = replace(qwen3_flavors[name], tie_embeddings=False)
+        untied = replace(qwen3_flavors[name], tie_embeddings=False)
+        if monkeypatch is None:
+            qwen3_flavors[name] = untied
+        else:
+            monkeypatch.setitem(qwen3_flavors, name, untied)
 
 
 def _measure(cases: dict[str, list[str]], world_size: int) -> dict[str, int]:
@@ -66,8 +72,7 @@ def measured() -> list[dict[str, int]]:
 def test_each_pipeline_rank_is_estimated_as_it_runs(measured, schedule, monkeypatch):
     from torchtitan_ablate.estimator import estimate
 
-    monkeypatch.setitem(qwen3_flavors, "debugmodel", qwen3_flavors["debugmodel"])
-    _untie()
+    _untie(monkeypatch)
     # In this process: the untied flavor is this process's patch.
     args = [*CASES[schedule], "--memory_estimation.trace_processes", "1"]
     est = estimate(load_config(args), target="cpu")
@@ -109,9 +114,7 @@ def measured_pptp() -> list[dict[str, int]]:
 def test_pipeline_with_tensor_parallel_is_estimated_as_it_runs(measured_pptp, model, monkeypatch):
     from torchtitan_ablate.estimator import estimate
 
-    for name in ("debugmodel", "debugmodel_moe"):
-        monkeypatch.setitem(qwen3_flavors, name, qwen3_flavors[name])
-    _untie()
+    _untie(monkeypatch)
     args = [*TP_CASES[model], "--memory_estimation.trace_processes", "1"]  # the untied patch
     est = estimate(load_config(args), target="cpu")
     assert [(r["rank"], r["pipeline_rank"]) for r in est["ranks"]] == [(0, 0), (2, 1)]
