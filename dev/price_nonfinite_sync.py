@@ -1,22 +1,12 @@
-"""Measuring tool only: the trainer with train_step's non-finite guard (its mid-step host sync)
-off, to price that sync. NOSYNC_END=1: no host read at all in the step (the trained-token count
-taken as the batch's ids); else the token count is read after the optimizer step is queued."""
+"""Measuring tool only: the trainer with the non-finite check's values read before the update
+(the host sync each step, as with a non-fused optimizer) instead of on the device and a step
+late (fused, the default on CUDA), to price that sync. Same arguments as torchtitan_ablate.train:
 
-import os
+    python3 dev/price_nonfinite_sync.py --job.config_file train_configs/qwen3_0.6b.toml ...
+"""
 
 import torchtitan_ablate.train as t
-from torchtitan_ablate.step import train_step
+from torchtitan_ablate.components.optim.optimizer import LocalShardAdamW
 
-
-class NoGuard(t.Trainer):
-    def train_step(self, batches):
-        out = train_step(self.run, batches, guard_nonfinite=False)
-        if os.environ.get("NOSYNC_END") == "1":
-            out["tokens"] = sum(b["input_ids"].numel() for b in batches)
-        else:
-            out["tokens"] = int(out["tokens"])
-        return out
-
-
-t.Trainer = NoGuard
+LocalShardAdamW.skips_on_device = property(lambda self: False)  # read every step before update
 t.run_main(t.main)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from torchtitan_ablate.build import Run
-from torchtitan_ablate.components.objective.finite import nonfinite_step_values
+from torchtitan_ablate.components.objective.finite import StepValues
 from torchtitan_ablate.components.objective.loss import num_valid_tokens
 from torchtitan_ablate.components.quantization.float8 import float8_post_optimizer_step
 from torchtitan_ablate.components.rank_moe import RankMoE
@@ -40,9 +40,11 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
     function's own, e.g. DPO's rewards, normalised as the loss; {} for the token loss).
 
     guard_nonfinite (the trainer's): a step whose global loss or gradient norm is NaN/Inf does
-    not update the weights, the optimizer state or the expert bias; out["nonfinite"] says which
-    value it was (None when finite), alike on every rank. Costs a scalar all-reduce and a host
-    sync per step, so bench and the memory estimator (fake tensors) leave it off."""
+    not update the weights, the optimizer state or the expert bias; out["check"] (StepValues)
+    brings that verdict and the token count to the host, alike on every rank. With a fused
+    optimizer the update is skipped on the device and nothing here waits for the GPU (the
+    trainer reads the values once the next step is queued); otherwise they are read here, one
+    host sync. Costs a scalar all-reduce, so bench and the memory estimator leave it off."""
     model, pd = run.model, run.parallel_dims
     loss_group = pd.loss_group()
     device = batches[0]["input_ids"].device
@@ -86,23 +88,32 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
             aux_total += aux * aux_scale
     params = [p for part in run.model_parts for p in part.parameters() if p.requires_grad]
     grad_norm = dist_utils.clip_grad_norm_(params, run.max_norm, pd.pp_group())
-    nonfinite, tokens = None, global_tokens
+    # Whether the step updates: decided on the host (read now), or with a fused optimizer on
+    # the device (the trainer reads the values later).
+    check = None
     if guard_nonfinite:
-        loss = dist_utils.all_reduce_sum(ce_total.clone(), loss_group)
-        nonfinite = nonfinite_step_values(loss, grad_norm)
-        # Read now, while the stream is drained by that sync, not after the optimizer's launch.
-        tokens = int(global_tokens.item())
-    if nonfinite is None:
+        loss_sum = dist_utils.all_reduce_sum(ce_total.clone(), loss_group)
+        check = StepValues(loss_sum, grad_norm, global_tokens)
+        if not getattr(run.optimizer, "skips_on_device", False):
+            check.read()  # now, while the stream is drained by it, not after the optimizer's launch
+    on_device = check is not None and not check.is_read
+    update = check is None or on_device or check.read()[0] is None
+    if on_device:
+        run.optimizer.step_unless(check.nonfinite)
+    elif update:
         run.optimizer.step()
+    if update:  # a step skipped on the device leaves the weights, so their scales, unchanged
         float8_post_optimizer_step(model)
     run.optimizer.zero_grad(set_to_none=True)
     # The schedule follows the step number, updated or not (a resume restores only the step).
     run.lr_scheduler.step()
-    if load_before is not None and nonfinite is None:
+    if load_before is not None and update:
         # This step's global expert load, so every rank moves its bias the same way.
         step_load = dist_utils.all_reduce_sum(moe.expert_load() - load_before, loss_group)
+        if on_device:
+            step_load = step_load * ~check.nonfinite  # a zero load moves no bias
         moe.update_expert_bias(step_load)
-    out = {"loss": ce_total, "grad_norm": grad_norm, "nonfinite": nonfinite, "tokens": tokens}
+    out = {"loss": ce_total, "grad_norm": grad_norm, "check": check, "tokens": global_tokens}
     out["loss_metrics"] = metrics
     if model.args.num_experts:
         out["moe_aux_loss"] = aux_total

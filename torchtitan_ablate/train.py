@@ -35,7 +35,7 @@ from torchtitan_ablate.components.checkpoint.run_settings import run_settings
 from torchtitan_ablate.components.checkpoint.state import TrainState
 from torchtitan_ablate.components.data import state_same_on_every_rank
 from torchtitan_ablate.components.objective.dpo import init_reference, reference_states
-from torchtitan_ablate.components.objective.finite import NonFiniteError
+from torchtitan_ablate.components.objective.finite import NonFiniteError, StepValues
 from torchtitan_ablate.components.objective.validate import Validator
 from torchtitan_ablate.components.observability.comm_profile import CommProfiler
 from torchtitan_ablate.components.observability.expert_load import moe_step_metrics
@@ -142,6 +142,7 @@ class Trainer:
         )
         self.step = 0
         self.nonfinite_in_a_row = 0
+        self.pending: tuple[int, StepValues] | None = None  # a step whose values are unread
         self.preemption = Preemption(config.training.sigterm_grace_seconds, self._on_hang)
         n_params, n_trainable = self.run.num_params()
         if config.job.description:
@@ -196,25 +197,25 @@ class Trainer:
             batches, data_time = self.next_batches(data_iter)
             lr = self.lr_scheduler.get_last_lr()[0]
             out = self.train_step(batches)
-            self._count_nonfinite(out["nonfinite"])  # raises NonFiniteError past the limit
+            self._settle()  # the last step's values, now that this one is queued
+            self.pending = (self.step, out["check"])
+            if out["check"].is_read:  # train_step read them (no skip on the device): settle now
+                self._settle()
             self.comm_profiler.step(self.step)
             self.trace_profiler.step(self.step)
-            # out["tokens"]: the step's global count of tokens the loss counts (labels != -100:
-            # no padding, no masked SFT prompt), read by train_step with its non-finite check.
-            # Per GPU: that over the ranks; the cp, tp and pp ranks of a row share its work (each
-            pd = self.parallel_dims  # holds the whole row's ids: count 1 / (tp * pp) of them).
-            self.metrics.add_tokens(
+            pd = self.parallel_dims  # the cp, tp and pp ranks of a row share its work (each
+            self.metrics.add_tokens(  # holds the whole row's ids: count 1 / (tp * pp) of them)
                 sum(b["input_ids"].numel() for b in batches) // (pd.tp * pd.pp),
                 data_time,
-                trained_tokens=out["tokens"] / pd.world_size,
+                trained_tokens=0.0,  # added by _settle
                 attention_pairs=self.step_pairs / (pd.cp * pd.tp * pd.pp),
                 profiled=self.comm_profiler.covers(self.step),
             )
             self.train_state.step = self.step
-            self.train_state.tokens_seen += out["tokens"]
             validate = self.validator is not None and self.validator.should_run(self.step, last)
             log_now = self.metrics.should_log(self.step, last) or validate
             if log_now:
+                self._settle()
                 values = self._reduce(out, lr)
                 values["tokens_seen"] = self.train_state.tokens_seen
                 if validate:
@@ -224,15 +225,17 @@ class Trainer:
                     self.metrics.exclude_time(time.perf_counter() - start)
                 records.append(self.metrics.log(self.step, values))
             # Every step, so a SIGTERM stops the run at the next step boundary whatever
-            # log_freq: one scalar all-reduce and host read per step on several ranks, after
-            # the optimizer step is queued (a second sync besides the non-finite check's). All
-            # ranks stop (and save) at the same step, so rank 0's throughput verdict rides on it.
+            # log_freq: one scalar all-reduce and host read per step on several ranks. All ranks
+            # stop (and save) at the same step, so rank 0's throughput verdict rides on it.
             measured = log_now and throughput_measured(records, config.training, self.is_writer)
             flags = [self.preemption.requested, measured and self.is_writer]
             sigterm, measured = dist_utils.any_rank(flags, self.device)
             self.preemption.step_ended()  # every rank knows whether to stop: the step is over
             stop = self.step == config.training.exit_at_step or sigterm or measured
-            saved = self.checkpointer.save(self.step, force=self.step == last or stop)
+            force = self.step == last or stop
+            if force or self.checkpointer.due(self.step):  # a saved step is a settled one
+                self._settle()
+            saved = self.checkpointer.save(self.step, force=force)
             ck = config.checkpoint
             if saved and self.step == last and ck.last_save_in_hf and self.is_writer:
                 save_last_in_hf(self.checkpointer.step_dir(self.step), ck.export_dtype)
@@ -274,9 +277,16 @@ class Trainer:
             values.update(moe_step_metrics(moe, args, out["moe_aux_loss"], group, pp_group))
         return values
 
-    def _count_nonfinite(self, nonfinite: str | None) -> None:
-        """Stops at the first non-finite step, or past training.skip_nonfinite_steps of them in
-        a row (train_step skipped their updates). All ranks agree: the values are global."""
+    def _settle(self) -> None:
+        """The pending step's values on the host: its trained tokens counted; it stops the run
+        at the first non-finite step, or past training.skip_nonfinite_steps of them in a row
+        (the step skipped its update). All ranks agree: the values are global."""
+        if self.pending is None:
+            return
+        (step, check), self.pending = self.pending, None
+        nonfinite, tokens = check.read()
+        self.metrics.add_trained(tokens / self.parallel_dims.world_size)
+        self.train_state.tokens_seen += tokens
         if nonfinite is None:
             self.nonfinite_in_a_row = 0
             return
@@ -284,13 +294,13 @@ class Trainer:
         limit = self.config.training.skip_nonfinite_steps
         if self.nonfinite_in_a_row <= limit:
             logger.warning(
-                f"step {self.step}: non-finite {nonfinite}: optimizer step skipped "
+                f"step {step}: non-finite {nonfinite}: optimizer step skipped "
                 f"({self.nonfinite_in_a_row} of training.skip_nonfinite_steps = {limit} in a row)"
             )
             return
         in_a_row = f" ({self.nonfinite_in_a_row} steps in a row)" if limit else ""
         raise NonFiniteError(
-            f"step {self.step}: non-finite {nonfinite}{in_a_row}: training stopped, nothing "
+            f"step {step}: non-finite {nonfinite}{in_a_row}: training stopped, nothing "
             f"saved at this step (newest checkpoint: {self._newest()})"
         )
 

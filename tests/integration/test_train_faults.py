@@ -91,10 +91,16 @@ def _saved_values_finite(step_dir) -> bool:
     return all(torch.isfinite(t).all() for t in tensors)
 
 
-def test_diverging_run_stops_with_one_line_and_exit_3(tmp_path, capsys):
+# fused: the update is skipped on the device and the trainer reads the step's values once the
+# next step is queued (except at steps it logs or saves); foreach: read before the update.
+IMPLEMENTATIONS = pytest.mark.parametrize("impl", ["foreach", "fused"])
+
+
+@IMPLEMENTATIONS
+def test_diverging_run_stops_with_one_line_and_exit_3(tmp_path, capsys, impl):
     """lr 1e6 without clipping trained NaN from step 3, exited 0 and saved NaN checkpoints that
     pruned the good ones; now it stops at the first non-finite value, saving nothing there."""
-    args = ["--training.steps", "8", *DIVERGE]
+    args = ["--training.steps", "8", *DIVERGE, "--optimizer.implementation", impl]
     args += ["--checkpoint.enable", "--checkpoint.interval", "1", "--checkpoint.keep_latest_k", "2"]
     with pytest.raises(SystemExit) as e:
         run(tmp_path, *args)
@@ -125,10 +131,12 @@ def _poison(trainer: train.Trainer, bad_steps: set[int], snapshots: dict) -> Non
     trainer.run.loss_fn = loss_fn
 
 
-def test_skip_nonfinite_steps_skips_updates_then_stops(tmp_path, caplog):
+@IMPLEMENTATIONS
+def test_skip_nonfinite_steps_skips_updates_then_stops(tmp_path, caplog, impl):
     """skip_nonfinite_steps = 2: bad steps 2, 4 and 5 are skipped (the count restarts after a
     good step), the weights stay as they were; a third bad step in a row stops the run."""
     args = ["--training.steps", "6", "--training.skip_nonfinite_steps", "2"]
+    args += ["--optimizer.implementation", impl, "--metrics.log_freq", "3"]
     try:
         trainer, snapshots = train.Trainer(load_config(_argv(tmp_path / "skip", *args))), {}
         _poison(trainer, {2, 4, 5}, snapshots)
@@ -142,7 +150,7 @@ def test_skip_nonfinite_steps_skips_updates_then_stops(tmp_path, caplog):
         for before, after in [(2, 3), (4, 6)]:  # steps 2, 4 and 5 left the weights unchanged
             assert all(torch.equal(a, b) for a, b in zip(snapshots[before], snapshots[after]))
         assert not all(torch.equal(a, b) for a, b in zip(snapshots[3], snapshots[4]))
-        assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+        assert [r["step"] for r in records] == [1, 3, 6]
         assert torch.isfinite(torch.tensor(records[-1]["loss"]))
 
         trainer = train.Trainer(load_config(_argv(tmp_path / "stop", *args)))
@@ -153,12 +161,13 @@ def test_skip_nonfinite_steps_skips_updates_then_stops(tmp_path, caplog):
         dist_utils.destroy_distributed()
 
 
-def _two_ranks(folder: str) -> list:
+def _two_ranks(folder: str, impl: str) -> list:
     """NaN in rank 1's loss only: both ranks stop (skip_nonfinite_steps 0), or both skip it and
     go on (1); then lr 1e6 through train.main exits 3 on both."""
     results = []
     for skip in ("0", "1"):
         args = ["--training.steps", "3", "--training.skip_nonfinite_steps", skip]
+        args += ["--optimizer.implementation", impl]
         argv = _argv(f"{folder}/skip{skip}", *args)
         trainer = train.Trainer(load_config(argv))
         _poison(trainer, {2} if dist.get_rank() == 1 else set(), {})
@@ -174,10 +183,22 @@ def _two_ranks(folder: str) -> list:
 
 
 @pytest.mark.slow
-def test_two_ranks_agree_on_nonfinite_steps(tmp_path):
-    results = run_distributed(_two_ranks, 2, str(tmp_path))
+@IMPLEMENTATIONS
+def test_two_ranks_agree_on_nonfinite_steps(tmp_path, impl):
+    results = run_distributed(_two_ranks, 2, str(tmp_path), impl)
     assert str(results[0]) == str(results[1])  # the same decisions and values on both ranks
     stopped, skipped, code = results[0]
     assert stopped.startswith("step 2: non-finite loss = nan"), stopped
     assert math.isnan(skipped[1]) and math.isfinite(skipped[2])  # went on after the skip
     assert code == 3
+
+
+def test_values_read_a_step_late_count_the_same_tokens(tmp_path):
+    """fused reads the steps between logs a step late: every record's tokens_seen is the same
+    as with foreach, which reads each step before its update."""
+    args = ["--training.steps", "6", "--metrics.log_freq", "4"]
+    seen = {}
+    for impl in ("foreach", "fused"):
+        records = run(tmp_path / impl, *args, "--optimizer.implementation", impl)
+        seen[impl] = [(r["step"], r["tokens_seen"]) for r in records]
+    assert seen["fused"] == seen["foreach"] and [s for s, _ in seen["fused"]] == [1, 4, 6]

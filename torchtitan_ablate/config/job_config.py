@@ -146,8 +146,9 @@ class Training:
 
     skip_nonfinite_steps: int = 0
     """A step whose loss or gradient norm is NaN/Inf never updates the weights. 0: the run
-    stops there (one line, exit code 3, that step not saved); K > 0: up to K such steps in a row
-    are skipped (logged; the LR schedule moves on), the next one stops the run."""
+    stops there (one line, exit code 3, nothing saved after it; with the fused optimizer the
+    check is read once the next step is queued); K > 0: up to K such steps in a row are skipped
+    (logged; the LR schedule moves on), the next one stops the run."""
 
     loss_chunk_size: int = 8192
     """Tokens per chunk of the fused output-projection + cross-entropy (no [B, S, V] logits

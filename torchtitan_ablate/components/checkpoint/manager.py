@@ -126,9 +126,13 @@ class CheckpointManager:
                 ckpt_dir.recover(folder)
             _barrier()  # no rank lists or writes the folder while rank 0 tidies it
 
+    def due(self, step: int) -> bool:
+        """Whether save(step) saves without force."""
+        return self.enable and step % self.interval == 0
+
     def save(self, step: int, force: bool = False) -> bool:
         """Saves at `step` when enabled and (`step % interval == 0` or `force`); True if saved."""
-        if not self.enable or (step % self.interval != 0 and not force):
+        if not (self.due(step) or (self.enable and force)):
             return False
         final = self.step_dir(step)
         tmp = f"{final}.tmp"

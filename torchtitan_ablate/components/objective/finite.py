@@ -19,13 +19,44 @@ class NonFiniteError(RuntimeError):
     """Training produced a non-finite loss, gradient norm or state; the message is one line."""
 
 
-def nonfinite_step_values(loss: torch.Tensor, grad_norm: torch.Tensor) -> str | None:
-    """None when both are finite, else which is not, e.g. "loss = nan, grad_norm = nan".
-    `loss` is the loss-group total and `grad_norm` the global norm. One host sync."""
-    values = torch.stack([loss.detach().float(), grad_norm.detach().float().to(loss.device)])
-    named = zip(("loss", "grad_norm"), values.tolist())
-    bad = [f"{name} = {value}" for name, value in named if not math.isfinite(value)]
-    return ", ".join(bad) or None
+class StepValues:
+    """A step's global loss, gradient norm and trained-token count, on their way to the host.
+
+    On CUDA they are copied into pinned memory behind the step's own kernels, so read() waits
+    for this step's end only, not for the steps queued after it: the trainer reads a step's
+    values once the next step is queued, and the CPU keeps running ahead of the GPU (a read
+    right away drains the GPU every step: 1.6% of Qwen3-0.6B's tokens/s on one H200). Every
+    rank reads the same values (global sums and norm), so all decide alike."""
+
+    def __init__(self, loss: torch.Tensor, grad_norm: torch.Tensor, tokens: torch.Tensor):
+        device = loss.device
+        values = torch.stack([v.detach().double().to(device) for v in (loss, grad_norm, tokens)])
+        self.nonfinite = ~torch.isfinite(values[:2]).all()  # on the device
+        self._done = None
+        if values.is_cuda:
+            self._host = torch.empty(3, dtype=torch.float64, pin_memory=True)
+            self._host.copy_(values, non_blocking=True)
+            self._done = torch.cuda.Event()
+            self._done.record()
+        else:
+            self._host = values
+        self._read: tuple[str | None, int] | None = None
+
+    @property
+    def is_read(self) -> bool:
+        return self._read is not None
+
+    def read(self) -> tuple[str | None, int]:
+        """(None when both are finite, else which is not, e.g. "loss = nan, grad_norm = nan";
+        the trained-token count). Waits for this step's end once."""
+        if self._read is None:
+            if self._done is not None:
+                self._done.synchronize()
+            loss, norm, tokens = self._host.tolist()
+            named = (("loss", loss), ("grad_norm", norm))
+            bad = [f"{name} = {value}" for name, value in named if not math.isfinite(value)]
+            self._read = (", ".join(bad) or None, int(tokens))
+        return self._read
 
 
 def nonfinite_entries(state: dict[str, object], limit: int = 3) -> tuple[int, list[str]]:

@@ -221,6 +221,11 @@ class MetricsLogger:
         self.step_times.append(now - self.step_end)
         self.step_end = now
 
+    def add_trained(self, trained_tokens: float) -> None:
+        """A step's tokens the loss counted (its share of the global count), known once its
+        values reach the host, which can be during the next step (StepValues)."""
+        self.window_trained += trained_tokens
+
     def exclude_time(self, seconds: float) -> None:
         """Leave time spent outside training (validation) out of this window's tokens/s."""
         self.window_start += seconds

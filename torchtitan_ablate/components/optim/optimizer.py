@@ -114,6 +114,22 @@ class _LocalShardStep:
                 tensors[:] = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
         return has_complex
 
+    @property
+    def skips_on_device(self) -> bool:
+        """Whether step_unless decides on the device (fused kernels take a skip flag)."""
+        return all(group["fused"] for group in self.param_groups)  # type: ignore[attr-defined]
+
+    def step_unless(self, skip: torch.Tensor) -> None:
+        """step(), a no-op where the 0-d bool `skip` is true (weights, moments and step counts
+        unchanged), decided on the device: the fused kernels take torch's found_inf flag, as
+        under GradScaler, so no host read waits for the step. Needs skips_on_device."""
+        assert self.skips_on_device, "step_unless needs the fused implementation"
+        self.found_inf = skip.float()  # read by torch's Adam.step, for this call only
+        try:
+            self.step()  # type: ignore[attr-defined]
+        finally:
+            del self.found_inf
+
 
 def _same_sharding(param: torch.Tensor, grad: torch.Tensor) -> bool:
     if not isinstance(param, DTensor):

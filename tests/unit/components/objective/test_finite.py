@@ -14,18 +14,23 @@ from torch.distributed.fsdp import fully_shard
 from tests.helpers.checkpoint_damage import poison_saved_tensor
 from tests.helpers.distributed import run_distributed
 from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
-from torchtitan_ablate.components.objective.finite import NonFiniteError, nonfinite_step_values
+from torchtitan_ablate.components.objective.finite import NonFiniteError, StepValues
 from torchtitan_ablate.config import ConfigError
 
 NAN, INF = float("nan"), float("inf")
 
 
-def test_nonfinite_step_values_names_the_value():
-    assert nonfinite_step_values(torch.tensor(2.0), torch.tensor(1.0)) is None
-    assert nonfinite_step_values(torch.tensor(NAN), torch.tensor(1.0)) == "loss = nan"
-    assert nonfinite_step_values(torch.tensor(2.0), torch.tensor(INF)) == "grad_norm = inf"
-    both = nonfinite_step_values(torch.tensor(NAN), torch.tensor(NAN))
-    assert both == "loss = nan, grad_norm = nan"
+def _read(loss: float, norm: float, tokens: int = 5) -> tuple[str | None, int]:
+    values = StepValues(torch.tensor(loss), torch.tensor(norm), torch.tensor(tokens))
+    assert bool(values.nonfinite) == (values.read()[0] is not None)
+    return values.read()
+
+
+def test_step_values_name_the_value():
+    assert _read(2.0, 1.0, 7) == (None, 7)
+    assert _read(NAN, 1.0) == ("loss = nan", 5)
+    assert _read(2.0, INF) == ("grad_norm = inf", 5)
+    assert _read(NAN, NAN) == ("loss = nan, grad_norm = nan", 5)
 
 
 def _build(fsdp: bool = False) -> tuple:
