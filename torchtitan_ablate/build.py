@@ -35,7 +35,11 @@ from torchtitan_ablate.components.objective.loss import (
     kernel_loss_head,
 )
 from torchtitan_ablate.components.optim.lr_scheduler import build_lr_scheduler
-from torchtitan_ablate.components.optim.optimizer import build_optimizer
+from torchtitan_ablate.components.optim.optimizer import (
+    LocalShardAdam,
+    LocalShardAdamW,
+    build_optimizer,
+)
 from torchtitan_ablate.components.text.tokenizer import Tokenizer, build_tokenizer
 from torchtitan_ablate.config import ConfigError, JobConfig
 from torchtitan_ablate.config.derived import compiles, resolved_loss_impl
@@ -91,7 +95,7 @@ class Run:
     model: nn.Module
     """The model, or with pipeline parallel this rank's first stage (model_parts holds all)."""
     model_parts: list[nn.Module]
-    optimizer: torch.optim.Optimizer
+    optimizer: LocalShardAdam | LocalShardAdamW
     lr_scheduler: torch.optim.lr_scheduler.LRScheduler
     loss_fn: LossFn
     accumulation: AccumulationPlan | None

@@ -94,7 +94,7 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
     if guard_nonfinite:
         loss_sum = dist_utils.all_reduce_sum(ce_total.clone(), loss_group)
         check = StepValues(loss_sum, grad_norm, global_tokens)
-        if not getattr(run.optimizer, "skips_on_device", False):
+        if not run.optimizer.skips_on_device:
             check.read()  # now, while the stream is drained by it, not after the optimizer's launch
     on_device = check is not None and not check.is_read
     update = check is None or on_device or check.read()[0] is None
@@ -113,7 +113,7 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
         if on_device:
             step_load = step_load * ~check.nonfinite  # a zero load moves no bias
         moe.update_expert_bias(step_load)
-    out = {"loss": ce_total, "grad_norm": grad_norm, "check": check, "tokens": global_tokens}
+    out = {"loss": ce_total, "grad_norm": grad_norm, "check": check}
     out["loss_metrics"] = metrics
     if model.args.num_experts:
         out["moe_aux_loss"] = aux_total

@@ -207,7 +207,6 @@ class Trainer:
             self.metrics.add_tokens(  # holds the whole row's ids: count 1 / (tp * pp) of them)
                 sum(b["input_ids"].numel() for b in batches) // (pd.tp * pd.pp),
                 data_time,
-                trained_tokens=0.0,  # added by _settle
                 attention_pairs=self.step_pairs / (pd.cp * pd.tp * pd.pp),
                 profiled=self.comm_profiler.covers(self.step),
             )

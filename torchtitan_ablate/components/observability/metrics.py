@@ -204,16 +204,14 @@ class MetricsLogger:
         self,
         num_tokens: int,
         data_time: float,
-        trained_tokens: float,
         attention_pairs: float,
         profiled: bool = False,
     ) -> None:
         """One step on this GPU: tokens processed (incl. padding), seconds spent waiting for
-        data, tokens the loss counted (its share of the global count), attention pairs inside
-        documents (attention_pairs(), its share under context parallel) and whether a profiler
-        recorded the step (the record is then marked and left out of steady-state figures)."""
+        data, attention pairs inside documents (attention_pairs(), its share under context
+        parallel) and whether a profiler recorded the step (the record is then marked and left
+        out of steady-state figures). The tokens the loss counted come with add_trained."""
         self.window_tokens += num_tokens
-        self.window_trained += trained_tokens
         self.window_pairs += attention_pairs
         self.window_data_time += data_time
         self.window_profiled |= profiled

@@ -68,7 +68,7 @@ def decay_classes(
 
 def build_optimizer(
     model_parts: list[nn.Module], config: OptimizerConfig, device_type: str
-) -> torch.optim.Optimizer:
+) -> "LocalShardAdam | LocalShardAdamW":
     """One optimizer over every trainable parameter: a group with config.weight_decay and one
     with none (config.no_decay); fused kernels on CUDA by default."""
     classes = decay_classes(model_parts, config.no_decay)

@@ -34,7 +34,8 @@ def test_eta_from_the_median_step_time_and_cpu_na(tmp_path, monkeypatch, caplog)
     m = _logger(tmp_path)
     m.open(resumed_step=0, last_step=10)
     for now[0] in (1.0, 2.0, 12.0, 13.0):  # steps take 1, 1, 10 (a save), 1 s: median 1
-        m.add_tokens(256, 0.0, 256, 0)
+        m.add_tokens(256, 0.0, 0)
+        m.add_trained(256)
     with caplog.at_level(logging.INFO, logger="torchtitan_ablate"):
         record = m.log(4, dict(VALUES))
     line = caplog.records[-1].getMessage()
@@ -57,7 +58,8 @@ def test_summary_line_names_loss_tokens_time_and_outputs(tmp_path, monkeypatch, 
     with caplog.at_level(logging.INFO, logger="torchtitan_ablate"):
         m.log_summary(0, "ck", "none")  # a resumed run with nothing left to train
         for step, now[0] in ((1, 1.0), (2, 65.0)):
-            m.add_tokens(256, 0.0, 256, 0)
+            m.add_tokens(256, 0.0, 0)
+            m.add_trained(256)
             m.log(step, dict(VALUES, loss=3.0 - step))
         m.log_summary(1234567, str(tmp_path / "checkpoint"), "step-2")
     first, last = caplog.records[0].getMessage(), caplog.records[-1].getMessage()
@@ -80,7 +82,8 @@ def test_summary_line_names_loss_tokens_time_and_outputs(tmp_path, monkeypatch, 
 def test_known_peak_prints_mfu(tmp_path, caplog):
     m = _logger(tmp_path, Metrics(peak_tflops=100.0))
     m.open(resumed_step=0)  # no last step: no "/N" and no ETA
-    m.add_tokens(256, 0.0, 256, 0)
+    m.add_tokens(256, 0.0, 0)
+    m.add_trained(256)
     with caplog.at_level(logging.INFO, logger="torchtitan_ablate"):
         m.log(1, dict(VALUES))
     line = caplog.records[-1].getMessage()
@@ -127,7 +130,8 @@ def test_wandb_tracker_logs_numbers_only(tmp_path, monkeypatch):
     config = Metrics(enable_wandb=True, wandb_run_name="r", wandb_mode="offline")
     m = _logger(tmp_path / "job", config, run_config={"training": {"steps": 2}})
     m.open(resumed_step=0, last_step=2)
-    m.add_tokens(256, 0.0, 256, 0)
+    m.add_tokens(256, 0.0, 0)
+    m.add_trained(256)
     m.log(1, {**VALUES, "expert_load_max_over_mean": [1.0, 1.2], "flag": True})
     m.close()
     assert calls["init"]["name"] == "r" and calls["init"]["group"] is None
@@ -146,7 +150,8 @@ def test_real_wandb_offline_writes_the_run(tmp_path, monkeypatch):
     config = Metrics(enable_wandb=True, wandb_mode="offline", wandb_tags=["t"])
     m = _logger(tmp_path / "job", config, run_config={"training": {"steps": 1}})
     m.open(resumed_step=0, last_step=1)
-    m.add_tokens(256, 0.0, 256, 0)
+    m.add_tokens(256, 0.0, 0)
+    m.add_trained(256)
     m.log(1, dict(VALUES))
     m.close()
     (run_dir,) = (tmp_path / "job" / "wandb").glob("offline-run-*")

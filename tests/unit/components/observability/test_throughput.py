@@ -59,7 +59,8 @@ def test_record_has_real_and_processed_tokens_and_both_mfus(tmp_path, monkeypatc
     )  # fmt: skip
     m.open(resumed_step=0)
     now[0] = 2.0  # one step of 2 s: 1000 tokens processed, 800 trained, 300 attention pairs
-    m.add_tokens(1000, 0.5, trained_tokens=800, attention_pairs=300, profiled=True)
+    m.add_tokens(1000, 0.5, attention_pairs=300, profiled=True)
+    m.add_trained(800)
     r = m.log(1, {"loss": 1.0, "grad_norm": 1.0, "lr": 1.0})
     assert r["tps"] == 400 and r["tps_processed"] == 500 and r["data_time_frac"] == 0.25
     assert r["tflops"] == 500 * 10.0 / 1e12 and r["mfu"] == 100 * r["tflops"]
