@@ -63,6 +63,16 @@ def _measure(cases: dict[str, list[str]], world_size: int) -> dict[str, int]:
     }
 
 
+def _estimate_here(args: list[str], monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The estimate with every trace in this process, where the untied flavors are this
+    process's patch (a spawned trace would see the shipped, tied ones)."""
+    from torchtitan_ablate.estimator import estimate
+
+    _untie(monkeypatch)
+    config = load_config([*args, "--memory_estimation.trace_processes", "1"])
+    return estimate(config, target="cpu")
+
+
 @pytest.fixture(scope="module")
 def measured() -> list[dict[str, int]]:
     return run_distributed(_measure, 2, CASES, 2, timeout_s=300)
@@ -70,12 +80,7 @@ def measured() -> list[dict[str, int]]:
 
 @pytest.mark.parametrize("schedule", sorted(CASES))
 def test_each_pipeline_rank_is_estimated_as_it_runs(measured, schedule, monkeypatch):
-    from torchtitan_ablate.estimator import estimate
-
-    _untie(monkeypatch)
-    # In this process: the untied flavor is this process's patch.
-    args = [*CASES[schedule], "--memory_estimation.trace_processes", "1"]
-    est = estimate(load_config(args), target="cpu")
+    est = _estimate_here(CASES[schedule], monkeypatch)
     assert [r["pipeline_rank"] for r in est["ranks"]] == [0, 1]
     for r in est["ranks"]:
         # Within 0.5%: rank 0's real program also holds one micro-batch's hidden states that the
@@ -112,11 +117,7 @@ def measured_pptp() -> list[dict[str, int]]:
 
 @pytest.mark.parametrize("model", sorted(TP_CASES))
 def test_pipeline_with_tensor_parallel_is_estimated_as_it_runs(measured_pptp, model, monkeypatch):
-    from torchtitan_ablate.estimator import estimate
-
-    _untie(monkeypatch)
-    args = [*TP_CASES[model], "--memory_estimation.trace_processes", "1"]  # the untied patch
-    est = estimate(load_config(args), target="cpu")
+    est = _estimate_here(TP_CASES[model], monkeypatch)
     assert [(r["rank"], r["pipeline_rank"]) for r in est["ranks"]] == [(0, 0), (2, 1)]
     for r in est["ranks"]:
         # Each of its tp ranks. Not byte for byte alike: the MoE's route their own tokens (their
