@@ -140,10 +140,10 @@ class Trainer:
         self.trace_profiler = TraceProfiler(
             config.profiling, config.job.dump_folder, torch.distributed.get_rank(), self.device
         )
-        self.step = 0
-        self.nonfinite_in_a_row = 0
+        self.step = self.nonfinite_in_a_row = 0
         self.pending: tuple[int, StepValues] | None = None  # a step whose values are unread
         self.preemption = Preemption(config.training.sigterm_grace_seconds, self._on_hang)
+        self.stop_vote = dist_utils.AnyRankLater(self.device)
         n_params, n_trainable = self.run.num_params()
         if config.job.description:
             logger.info(f"job: {config.job.description}")
@@ -223,13 +223,13 @@ class Trainer:
                     values |= self.validator.run(run.model_parts, run.eval_loss, run.loss_count)
                     self.metrics.exclude_time(time.perf_counter() - start)
                 records.append(self.metrics.log(self.step, values))
-            # Every step, so a SIGTERM stops the run at the next step boundary whatever
-            # log_freq: one scalar all-reduce and host read per step on several ranks. All ranks
-            # stop (and save) at the same step, so rank 0's throughput verdict rides on it.
+            # All ranks stop (and save) at the same step: a SIGTERM to any rank and rank 0's
+            # throughput verdict are voted on, read a step late where the host would wait.
             measured = log_now and throughput_measured(records, config.training, self.is_writer)
             flags = [self.preemption.requested, measured and self.is_writer]
-            sigterm, measured = dist_utils.any_rank(flags, self.device)
-            self.preemption.step_ended()  # every rank knows whether to stop: the step is over
+            now = log_now or self.step == last or self.checkpointer.due(self.step)
+            sigterm, measured = self.stop_vote(flags, now)
+            self.preemption.step_ended()  # a step later, the next step's grace covers the stop
             stop = self.step == config.training.exit_at_step or sigterm or measured
             force = self.step == last or stop
             if force or self.checkpointer.due(self.step):  # a saved step is a settled one

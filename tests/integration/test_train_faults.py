@@ -93,14 +93,24 @@ def _saved_values_finite(step_dir) -> bool:
 
 # fused: the update is skipped on the device and the trainer reads the step's values once the
 # next step is queued (except at steps it logs or saves); foreach: read before the update.
-IMPLEMENTATIONS = pytest.mark.parametrize("impl", ["foreach", "fused"])
+# fused-cuda: the default on GPUs, where the values come back through a pinned copy and an event.
+_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+IMPLEMENTATIONS = pytest.mark.parametrize(
+    "impl", ["foreach", "fused", pytest.param("fused-cuda", marks=_CUDA)]
+)
+
+
+def _impl_args(impl: str) -> list[str]:
+    if impl == "fused-cuda":
+        return ["--optimizer.implementation", "fused", "--training.device", "cuda"]
+    return ["--optimizer.implementation", impl, "--training.device", "cpu"]
 
 
 @IMPLEMENTATIONS
 def test_diverging_run_stops_with_one_line_and_exit_3(tmp_path, capsys, impl):
     """lr 1e6 without clipping trained NaN from step 3, exited 0 and saved NaN checkpoints that
     pruned the good ones; now it stops at the first non-finite value, saving nothing there."""
-    args = ["--training.steps", "8", *DIVERGE, "--optimizer.implementation", impl]
+    args = ["--training.steps", "8", *DIVERGE, *_impl_args(impl)]
     args += ["--checkpoint.enable", "--checkpoint.interval", "1", "--checkpoint.keep_latest_k", "2"]
     with pytest.raises(SystemExit) as e:
         run(tmp_path, *args)
@@ -136,7 +146,7 @@ def test_skip_nonfinite_steps_skips_updates_then_stops(tmp_path, caplog, impl):
     """skip_nonfinite_steps = 2: bad steps 2, 4 and 5 are skipped (the count restarts after a
     good step), the weights stay as they were; a third bad step in a row stops the run."""
     args = ["--training.steps", "6", "--training.skip_nonfinite_steps", "2"]
-    args += ["--optimizer.implementation", impl, "--metrics.log_freq", "3"]
+    args += [*_impl_args(impl), "--metrics.log_freq", "3"]
     try:
         trainer, snapshots = train.Trainer(load_config(_argv(tmp_path / "skip", *args))), {}
         _poison(trainer, {2, 4, 5}, snapshots)
@@ -167,7 +177,7 @@ def _two_ranks(folder: str, impl: str) -> list:
     results = []
     for skip in ("0", "1"):
         args = ["--training.steps", "3", "--training.skip_nonfinite_steps", skip]
-        args += ["--optimizer.implementation", impl]
+        args += _impl_args(impl)
         argv = _argv(f"{folder}/skip{skip}", *args)
         trainer = train.Trainer(load_config(argv))
         _poison(trainer, {2} if dist.get_rank() == 1 else set(), {})
@@ -183,7 +193,7 @@ def _two_ranks(folder: str, impl: str) -> list:
 
 
 @pytest.mark.slow
-@IMPLEMENTATIONS
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
 def test_two_ranks_agree_on_nonfinite_steps(tmp_path, impl):
     results = run_distributed(_two_ranks, 2, str(tmp_path), impl)
     assert str(results[0]) == str(results[1])  # the same decisions and values on both ranks

@@ -2,14 +2,14 @@
 that step ends within training.sigterm_grace_seconds.
 
 The handler only sets `requested`; the trainer reads it after each step (all ranks agree through
-one all-reduce) and saves. A step that never ends (a hung data read, a chat template that loops,
-a rank stuck in a collective) would keep the process alive until the scheduler's SIGKILL, with no
-word of why. So a SIGTERM also starts a timer over the step in flight (or over the next step, when
-it came between two): if that step has not ended when the grace runs out, a daemon thread writes
-one line, releases the dump-folder lock and ends the process at once with EXIT_CODE (os._exit:
-the main thread may be stuck in C code that no exception reaches). Nothing is saved then: the
-state of a step cut in the middle is not a checkpoint. The save after a step that did end is not
-timed.
+one all-reduce, whose answer several ranks read a step late: they stop at the next step's end)
+and saves. A step that never ends (a hung data read, a chat template that loops, a rank stuck in
+a collective) would keep the process alive until the scheduler's SIGKILL, with no word of why.
+So a SIGTERM also starts a timer over the step in flight (or over the next step, when it came
+between two): if that step has not ended when the grace runs out, a daemon thread writes one
+line, releases the dump-folder lock and ends the process at once with EXIT_CODE (os._exit: the
+main thread may be stuck in C code that no exception reaches). Nothing is saved then: the state
+of a step cut in the middle is not a checkpoint. The save after a step that did end is not timed.
 
 Ctrl-C (SIGINT) is treated as a SIGTERM the first time, and the process then exits with
 EXIT_INTERRUPTED (what a shell expects of a Ctrl-C) once the step is saved; a second Ctrl-C (or a
@@ -26,6 +26,8 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
+import torch.distributed as dist
+
 from torchtitan_ablate.config.errors import report
 
 logger = logging.getLogger("torchtitan_ablate")
@@ -34,6 +36,10 @@ EXIT_CODE = 143  # 128 + SIGTERM, what a process killed by SIGTERM returns
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: a Ctrl-C
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 KEY = "training.sigterm_grace_seconds"
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 class Preemption:
@@ -100,15 +106,17 @@ class Preemption:
             self._end(self.step, why, EXIT_INTERRUPTED)
             return
         grace = f"{self.grace_seconds:g} s" if self._bounded() else "no limit"
+        # Several ranks read their vote a step late (the trainer's AnyRankLater).
+        when = "this step or the next" if _world_size() > 1 else "this step"
         if signum == signal.SIGINT:
             self.interrupted = True
             logger.warning(
-                "Ctrl-C: stopping at the end of this step and saving it when checkpointing is "
+                f"Ctrl-C: stopping at the end of {when} and saving it when checkpointing is "
                 f"on, with every rank ({KEY} = {grace}); Ctrl-C again stops at once, unsaved"
             )
         else:
             logger.warning(
-                f"SIGTERM: stopping at the end of this step, with every rank ({KEY} = {grace})"
+                f"SIGTERM: stopping at the end of {when}, with every rank ({KEY} = {grace})"
             )
         self.requested = True
         if self.in_step:

@@ -199,9 +199,11 @@ class Training:
     changing the LR schedule (time-limited jobs); -1 = off."""
 
     sigterm_grace_seconds: float = 120.0
-    """On SIGTERM the run stops and saves at the end of the step in flight; a step that has not
-    ended this many seconds after the signal (a hang) ends the process with one line, exit code
-    143, nothing saved. Keep it below the scheduler's grace before SIGKILL; 0 = no limit."""
+    """On SIGTERM the run stops and saves at the end of the step in flight (several ranks: of
+    the next one; their vote is read a step late); a step that has not ended this many seconds
+    after the signal or its start (a hang) ends the process with one line, exit code 143,
+    nothing saved. Keep it below the scheduler's grace before SIGKILL, less two steps and a
+    save; 0 = no limit."""
 
     num_workers: int = 0
     """Data-loader worker processes per rank. A resume with another value continues the data

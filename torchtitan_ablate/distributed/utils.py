@@ -88,13 +88,50 @@ def all_reduce_max(t: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Te
     return t
 
 
-def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
-    """Each flag, true where any rank has it true: one all-reduce of a small tensor and a host
-    read (nothing in one process)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return flags
-    t = all_reduce_max(torch.tensor([float(f) for f in flags], device=device), dist.group.WORLD)
-    return [bool(x) for x in t.tolist()]
+class HostCopy:
+    """A device tensor's values on their way to the host. On CUDA they are copied into pinned
+    memory behind the work queued so far, so read() waits for that work only, not for what is
+    queued after it: the host can read a step's values once the next step is queued and keep
+    running ahead of the GPU (a read right away drains the GPU)."""
+
+    def __init__(self, values: torch.Tensor) -> None:
+        self._done = None
+        self._host = values
+        if values.is_cuda:
+            self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self._host.copy_(values, non_blocking=True)
+            self._done = torch.cuda.Event()
+            self._done.record()
+
+    def read(self) -> list:
+        if self._done is not None:
+            self._done.synchronize()
+        return self._host.tolist()
+
+
+class AnyRankLater:
+    """Flags any rank may raise (a SIGTERM, rank 0's throughput verdict), agreed on by all ranks
+    without a host wait each step: a call queues one all-reduce (max) of this step's flags and
+    answers with the previous call's, a step late, unless `now` (a step whose values the host
+    waits for anyway: logging, saving), which answers with this step's. A flag raised at a step
+    that is not `now` must stay raised on its rank (a signal does), so a late answer loses
+    nothing. Every rank calls it at every step with the same `now`. One process: the flags."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.alone = not dist.is_initialized() or dist.get_world_size() == 1
+        self._queued: HostCopy | None = None
+
+    def __call__(self, flags: list[bool], now: bool) -> list[bool]:
+        if self.alone:
+            return flags
+        # From pinned memory: a copy from pageable memory to the GPU waits for the GPU.
+        host = torch.tensor([float(f) for f in flags], pin_memory=self.device.type == "cuda")
+        reduced = all_reduce_max(host.to(self.device, non_blocking=True), dist.group.WORLD)
+        queued, previous = HostCopy(reduced), self._queued
+        self._queued = None if now else queued
+        answer = queued if now else previous
+        return [False] * len(flags) if answer is None else [bool(x) for x in answer.read()]
 
 
 @torch.no_grad()
