@@ -26,6 +26,7 @@ def test_all_studies_shipped():
     assert names >= {
         "zero2_vs_zero3_vs_hsdp", "ep_vs_no_ep", "packing_vs_padding", "chunked_vs_plain_loss",
         "float8_vs_bf16", "ac_modes", "compile_on_off", "attention_backends", "batch_size_sweep",
+        "tp_vs_fsdp", "pp_schedules",
     }  # fmt: skip
 
 

@@ -55,7 +55,7 @@ def plan_layout(config: JobConfig, ngpu: int) -> dict[str, Any]:
         "flavor": config.model.flavor,
         "device": config.training.device,
         "ngpu": ngpu,
-        "mesh": f"rep{pd.dp_replicate} shard{pd.dp_shard} cp{pd.cp} ep{pd.ep} tp{pd.tp}",
+        "mesh": f"rep{pd.dp_replicate} shard{pd.dp_shard} cp{pd.cp} ep{pd.ep} tp{pd.tp} pp{pd.pp}",
         "dp": pd.dp,
         "grad_accum": grad_accum,
         "local_batch_size": config.training.local_batch_size,

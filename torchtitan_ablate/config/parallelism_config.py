@@ -31,8 +31,9 @@ class Parallelism:
     vocab_size and training.seq_len / context_parallel_degree (each cp rank's sequence)."""
 
     enable_async_tensor_parallel: bool = False
-    """Overlap tensor parallel's collectives with its matmuls under torch.compile. Not
-    supported yet: true is refused."""
+    """Async TP: torch.compile's micro-pipeline pass splits sequence parallel's all-gathers and
+    reduce-scatters into per-rank chunks that overlap the matmuls they feed or drain (CUDA
+    symmetric memory). Needs tensor_parallel_degree > 1, the blocks compiled and CUDA GPUs."""
 
     fsdp_cpu_offload: bool = False
     """Keep sharded parameters, gradients and optimizer state in CPU memory (FSDP2 offload).

@@ -9,6 +9,7 @@ alone does not say live where that is known: degrees against the world size and 
 that uses them.
 """
 
+from torchtitan_ablate.config.derived import compiles
 from torchtitan_ablate.config.dpo_config import dpo_enabled
 from torchtitan_ablate.config.job_config import (
     LORA_TARGETS,
@@ -90,12 +91,16 @@ def _check_tensor_parallel(config: JobConfig) -> None:
     """What tensor parallel does not combine with yet (the model's sizes are checked in
     ParallelDims.check_model, where the flavor is known)."""
     p = config.parallelism
-    require(
-        not p.enable_async_tensor_parallel,
-        "parallelism.enable_async_tensor_parallel = true is not supported yet; set it to false",
-    )
     tp = p.tensor_parallel_degree
     require(tp >= 1, f"parallelism.tensor_parallel_degree = {tp}: must be >= 1")
+    if p.enable_async_tensor_parallel:
+        key = "parallelism.enable_async_tensor_parallel = true"
+        require(tp > 1, f"{key} needs parallelism.tensor_parallel_degree > 1 (it is {tp})")
+        require(
+            compiles(config.compile, "model"),
+            f"{key} needs the blocks compiled (compile.enable = true, 'model' in "
+            "compile.components): the overlap is a torch.compile pass",
+        )
     if tp == 1:
         return
     key = f"parallelism.tensor_parallel_degree = {tp}"

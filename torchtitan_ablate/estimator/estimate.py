@@ -46,6 +46,11 @@ def prepare_config(config: JobConfig, target: str) -> tuple[JobConfig, list[str]
         )
     if target == "cuda":
         cfg.training.cpu_mixed_precision = True  # CUDA's compute dtype on the fake cpu device
+        if cfg.parallelism.enable_async_tensor_parallel:
+            # Inductor's pass needs CUDA; its fused ops gather into a symmetric-memory buffer
+            # the size of the all-gather output they replace.
+            cfg.parallelism.enable_async_tensor_parallel = False
+            notes.append("async TP modelled as TP (its fused ops' buffers as the collectives')")
         if cfg.model.attn_backend != "sdpa":
             # Every CUDA backend is a fused kernel with the same saved tensors (cuda_model.py).
             notes.append(

@@ -174,7 +174,14 @@ TP2 = ["--parallelism.tensor_parallel_degree", "2"]
     [
         (
             ["--parallelism.enable_async_tensor_parallel", "true"],
-            "parallelism.enable_async_tensor_parallel = true is not supported yet; set it to false",
+            "parallelism.enable_async_tensor_parallel = true needs "
+            "parallelism.tensor_parallel_degree > 1 (it is 1)",
+        ),
+        (
+            ["--parallelism.enable_async_tensor_parallel", "true"]
+            + ["--parallelism.tensor_parallel_degree", "2", "--compile.enable", "false"],
+            "parallelism.enable_async_tensor_parallel = true needs the blocks compiled "
+            "(compile.enable = true, 'model' in compile.components)",
         ),
         (["--parallelism.tensor_parallel_degree", "0"], "tensor_parallel_degree = 0: must be >= 1"),
         (
@@ -205,6 +212,8 @@ def test_tensor_parallel_loads_with_what_it_supports():
     assert load_config(TP2 + FLOAT8).float8.recipe == "tensorwise"  # float8 TP: tensorwise
     config = load_config(TP2 + ["--parallelism.context_parallel_degree", "2"])
     assert config.parallelism.context_parallel_degree == 2
+    async_tp = ["--parallelism.enable_async_tensor_parallel", "true", "--compile.enable", "true"]
+    assert load_config(TP2 + async_tp).parallelism.enable_async_tensor_parallel  # CUDA: at build
     # MoE: attention by TP, experts by EP over the ranks of one tp coordinate.
     moe = ["--model.flavor", "debugmodel_moe", "--parallelism.expert_parallel_degree", "2"]
     assert load_config(TP2 + moe).parallelism.expert_parallel_degree == 2

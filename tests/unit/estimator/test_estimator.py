@@ -188,3 +188,16 @@ def test_attention_stand_in_writes_out_in_the_query_layout():
     assert out_BHSK.shape == (2, 8, 16, 4) and lse_BHS.shape == (2, 8, 16)
     assert out_BHSK.stride() == q_BHSK.stride()
     assert out_BHSK.transpose(1, 2).is_contiguous()  # reshape to [B, S, H * K] is a view
+
+
+def test_async_tp_is_estimated_as_tp_and_says_so():
+    """Inductor's micro-pipeline pass runs on CUDA only: the GPU estimate models TP's own
+    collectives (the fused ops gather into a buffer of the same size) and notes it; the CPU
+    run, which the cpu target estimates, refuses async TP in one line."""
+    args = [*TP2, "--compile.enable", "true", "--parallelism.enable_async_tensor_parallel", "true"]
+    config = _config(DENSE, 2, *args)
+    est, plain = estimate(config), estimate(_config(DENSE, 2, *args[:-2]))
+    assert est["peak_bytes"] == plain["peak_bytes"]
+    assert "async TP modelled as TP" in " ".join(est["notes"])
+    with pytest.raises(ConfigError, match=r"enable_async_tensor_parallel = true needs CUDA"):
+        estimate(config, target="cpu")

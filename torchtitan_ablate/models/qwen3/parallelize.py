@@ -47,6 +47,7 @@ from torchtitan_ablate.config.derived import compiles, resolved_reshard_after_fo
 from torchtitan_ablate.config.job_config import JobConfig
 from torchtitan_ablate.config.pipeline_rules import SPLIT_BACKWARD
 from torchtitan_ablate.distributed.activation_checkpoint import apply_ac
+from torchtitan_ablate.distributed.async_tensor_parallel import apply_async_tp
 from torchtitan_ablate.distributed.context_parallel import apply_cp
 from torchtitan_ablate.distributed.ep_token_dispatch import TokenDispatch
 from torchtitan_ablate.distributed.expert_parallel import RowDispatch, apply_ep
@@ -177,6 +178,8 @@ def _parallelize_part(
         # float8 (tensorwise only, config rules): torchao's float8 styles for Float8Linears.
         styles = float8_tp_styles(device_type) if job_config.float8.enable else (PLAIN, None)
         apply_tp(model, pd.mesh("tp"), *styles)
+        if job_config.parallelism.enable_async_tensor_parallel:
+            apply_async_tp(pd.mesh("tp"), device_type)  # before compile (step 5)
         logger.info(f"tensor parallel: weights split over {pd.tp} ranks (sequence parallel)")
 
     if pd.ep_enabled:
