@@ -103,7 +103,8 @@ def train_step(run: Run, batches: list[dict], guard_nonfinite: bool = False) -> 
     elif update:
         run.optimizer.step()
     if update:  # a step skipped on the device leaves the weights, so their scales, unchanged
-        float8_post_optimizer_step(model)
+        for part in run.model_parts:
+            float8_post_optimizer_step(part)
     run.optimizer.zero_grad(set_to_none=True)
     # The schedule follows the step number, updated or not (a resume restores only the step).
     run.lr_scheduler.step()

@@ -54,9 +54,8 @@ def check_pipeline_parallel(config: JobConfig) -> None:
         f"training.local_batch_size = {batch} (or -1): the pipeline's stages know the shapes "
         "of a training batch, and validation runs them one such batch at a time",
     )
-    others = {
-        "float8.enable = true": config.float8.enable,
-        "training.dataset = 'preference' (DPO)": dpo_enabled(config),
-    }
-    for name, on in others.items():
-        require(not on, f"{key} with {name} is not supported yet; use one or the other")
+    require(
+        not dpo_enabled(config),
+        f"{key} with training.dataset = 'preference' (DPO) is not supported yet; use one or "
+        "the other",
+    )

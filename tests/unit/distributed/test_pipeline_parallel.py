@@ -102,7 +102,7 @@ def test_parallel_dims_counts_pp():
     [
         (["--parallelism.pipeline_parallel_schedule", "GPipe"], "needs parallelism.pipeline_para"),
         (PP2 + ["--parallelism.pipeline_parallel_microbatch_size", "3"], "multiple of"),
-        (PP2 + ["--float8.enable", "true"], "with float8.enable = true is not supported yet"),
+        (PP2 + ["--training.dataset", "preference"], "(DPO) is not supported yet"),
         (
             PP2
             + ["--validation.enable", "true", "--validation.dataset_path", "x.jsonl"]
