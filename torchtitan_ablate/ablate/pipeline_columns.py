@@ -1,11 +1,11 @@
 """The report's pipeline-parallel columns, from the "pipeline" entry of the runs'
 comm_profile.json (metrics.comm_profile under PP; docs/ablation.md):
 
-- bubble measured % (mean / max over stages): per pipeline rank, the share of the profiled
+- bubble measured % (mean / max over pp ranks): per pipeline rank, the share of the profiled
   steps in which its device ran no compute (1 - compute share, averaged over the ranks of that
   pipeline rank); the mean and the max over the pipeline ranks, each averaged over seeds;
 - bubble theoretical %: the schedule's ideal bubble (pipeline_parallel.theoretical_bubble);
-- peak mem per stage GiB: each pipeline rank's peak active memory over the profiled steps, the
+- peak mem per pp rank GiB: each pipeline rank's peak active memory over the profiled steps, the
   max over seeds (CUDA only).
 """
 
@@ -45,10 +45,10 @@ def header(rows: list[dict]) -> tuple[str, str]:
     """The markdown table's extra header and separator ("", "" when no run is pipelined)."""
     if not any(r.get("bubble_measured_pct") is not None for r in rows):
         return "", ""
-    head = " bubble measured % (mean / max over stages) | bubble theoretical % |"
+    head = " bubble measured % (mean / max over pp ranks) | bubble theoretical % |"
     sep = "---|---|"
     if any(r.get("stage_peak_gib") for r in rows):
-        head += " peak mem per stage GiB |"
+        head += " peak mem per pp rank GiB |"
         sep += "---|"
     return head, sep
 

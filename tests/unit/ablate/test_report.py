@@ -344,8 +344,8 @@ def test_pipeline_bubble_columns(tmp_path):
     assert pp_row["stage_peak_gib"] == [2.5, 1.5]  # per pipeline rank, max over seeds
     assert flat_row["bubble_measured_pct"] is None and flat_row["stage_peak_gib"] is None
     md = (tmp_path / "report.md").read_text()
-    head = "| bubble measured % (mean / max over stages) | bubble theoretical % "
-    assert head + "| peak mem per stage GiB |" in md
+    head = "| bubble measured % (mean / max over pp ranks) | bubble theoretical % "
+    assert head + "| peak mem per pp rank GiB |" in md
     assert "| 40 / 50 | 20 | 2.50 / 1.50 |" in md and "| n/a | n/a | n/a |" in md
     assert "Bubble (pipeline parallel)" in md
     # Without a pipelined run: no bubble columns.
