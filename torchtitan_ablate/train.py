@@ -128,7 +128,6 @@ class Trainer:
             ),
             states={"train_state": self.train_state, **reference_states(self.run.reference)},
         )
-        self.step_pairs = 0
         self.comm_profiler = CommProfiler(
             config.metrics,
             config.job.dump_folder,
@@ -136,11 +135,13 @@ class Trainer:
             self.is_writer,
             config.training.steps,
             warmup_steps=config.training.throughput_warmup_steps,
+            pipeline=self.run.pipeline,
+            pp_rank=pd.pp_rank(),
         )
         self.trace_profiler = TraceProfiler(
             config.profiling, config.job.dump_folder, torch.distributed.get_rank(), self.device
         )
-        self.step = self.nonfinite_in_a_row = 0
+        self.step = self.nonfinite_in_a_row = self.step_pairs = 0
         self.pending: tuple[int, StepValues] | None = None  # a step whose values are unread
         self.preemption = Preemption(config.training.sigterm_grace_seconds, self._on_hang)
         self.stop_vote = dist_utils.AnyRankLater(self.device)

@@ -5,6 +5,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from torchtitan_ablate.ablate import pipeline_columns
 from torchtitan_ablate.ablate.ablation_file import cli_arg
 from torchtitan_ablate.ablate.noise import noise_unknown
 
@@ -49,6 +50,8 @@ def results_table(rows: list[dict]) -> list[str]:
     if profiled:
         head += " compute / exposed comm / idle % | all comm % | GPU util % |"
         sep += "---|---|---|"
+    pipeline_head, pipeline_sep = pipeline_columns.header(rows)
+    head, sep = head + pipeline_head, sep + pipeline_sep
     lines = [head, sep]
     by_name = {r["variant"]: r for r in rows}
     for r in rows:
@@ -86,7 +89,7 @@ def results_table(rows: list[dict]) -> list[str]:
                 f" {' / '.join(shares)} | {_num(r['comm_pct'], '.0f')} "
                 f"| {_num(r['gpu_util_pct'], '.0f')} |"
             )
-        lines.append(line)
+        lines.append(line + pipeline_columns.cells(r, rows))
     return lines
 
 
@@ -198,6 +201,7 @@ def render(plan: dict, rows: list[dict], plots: list[str], out: Path, noise: str
         "",
         *results_table(rows),
         "",
+        *([pipeline_columns.NOTE, ""] if pipeline_columns.header(rows)[0] else []),
         "## Verdicts",
         "",
         *[f"- {r['verdict']}" for r in rows],

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from torchtitan_ablate.ablate import pipeline_columns
 from torchtitan_ablate.ablate.noise import noise_unknown
 from torchtitan_ablate.ablate.plan import read_plan, read_status
 from torchtitan_ablate.components.observability.metrics import MIN_NOISE_SAMPLES, median_noise
@@ -37,7 +38,7 @@ COLUMNS = [
     "fits_predicted", "memory_ratio", "memory_ratio_basis", "final_loss_mean",
     "final_loss_spread", "final_loss_std", "validation_loss_mean", "global_batch_size",
     "grad_accum", "tokens_per_step", "compute_pct", "exposed_comm_pct", "idle_pct", "data_pct",
-    "comm_pct", "gpu_util_pct", "profile_method", "error", "verdict",
+    "comm_pct", "gpu_util_pct", "profile_method", *pipeline_columns.COLUMNS, "error", "verdict",
 ]  # fmt: skip
 # Keys of the trainer's metrics.jsonl the report takes steady-state medians of (a file without
 # one of them gives n/a in its column).
@@ -199,6 +200,7 @@ def summarize_variant(
         statistics.fmean(held_out) if len(held_out) == len(finals) else None
     )
     _profile_columns(row, profiles)
+    pipeline_columns.fill(row, profiles)  # bubble and per-stage memory under PP
     return row
 
 

@@ -214,3 +214,7 @@ class ParallelDims:
     def dp_rank(self) -> int:
         """This rank's index among the data-parallel ranks (which batch shard it reads)."""
         return self.mesh("dp").get_local_rank() if self._meshes else 0
+
+    def pp_rank(self) -> int:
+        """This rank's index among the pipeline ranks (which stages it runs)."""
+        return self.mesh("pp").get_local_rank() if self._meshes else 0

@@ -164,6 +164,28 @@ def num_microbatches(p: Parallelism, local_batch_size: int) -> int:
     return local_batch_size // p.pipeline_parallel_microbatch_size
 
 
+def theoretical_bubble(
+    schedule: str, pp: int, num_microbatches: int, stages_per_rank: int
+) -> float | None:
+    """The share of a step a pipeline rank idles in the ideal schedule, every stage taking the
+    same time per micro-batch (p ranks, m micro-batches, v stages per rank):
+
+    - GPipe, 1F1B: (p - 1) / (m + p - 1) (Narayanan et al. 2021, "Efficient Large-Scale
+      Language Model Training on GPU Clusters Using Megatron-LM", bubble (p - 1) / m of the
+      compute);
+    - Interleaved1F1B: (p - 1) / (v m + p - 1) (same paper: the bubble divided by v);
+    - ZBVZeroBubble: 0 when m >= 2p, with equal forward, input-backward and weight-backward
+      times (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", section 6); None below;
+    - InterleavedZeroBubble (torch's looped ZB1P): None, no published figure for v > 1.
+    """
+    p, m, v = pp, num_microbatches, stages_per_rank
+    if schedule in ("GPipe", "1F1B", "Interleaved1F1B"):
+        return (p - 1) / (v * m + p - 1)  # v = 1 for the single-stage schedules
+    if schedule == "ZBVZeroBubble" and m >= 2 * p:
+        return 0.0
+    return None
+
+
 def _torch_version() -> tuple[int, int]:
     major, minor = torch.__version__.split(".")[:2]
     return int(major), int(minor)
@@ -221,6 +243,17 @@ class Pipeline:
     """Micro-batches per loader batch: forwards of each stage per batch."""
     microbatch_size: int
     """Sequences per micro-batch (the stages' shapes)."""
+    schedule_name: str
+    """parallelism.pipeline_parallel_schedule."""
+    stages_per_rank: int
+    """Stages this rank runs (several: virtual stages)."""
+
+    def layout(self) -> dict[str, Any]:
+        """The schedule's shape and its theoretical bubble (metrics.comm_profile's record)."""
+        pp, m, v = self.pp_mesh.size(), self.n_microbatches, self.stages_per_rank
+        bubble = theoretical_bubble(self.schedule_name, pp, m, v)
+        shape = {"schedule": self.schedule_name, "degree": pp, "microbatches": m}
+        return shape | {"stages_per_rank": v, "theoretical_bubble": bubble}
 
 
 def build_pipeline(
@@ -257,7 +290,8 @@ def build_pipeline(
         scale_grads=False,
     )
     mb = p.pipeline_parallel_microbatch_size
-    return Pipeline(schedule, loss, 0 in ids, stages - 1 in ids, pp_mesh, n_micro, mb)
+    first, last, name = 0 in ids, stages - 1 in ids, p.pipeline_parallel_schedule
+    return Pipeline(schedule, loss, first, last, pp_mesh, n_micro, mb, name, len(ids))
 
 
 def pipeline_forward_backward(pipe: Pipeline, batch: dict, count: torch.Tensor) -> torch.Tensor:

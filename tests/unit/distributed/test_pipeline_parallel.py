@@ -1,5 +1,6 @@
 """Pipeline parallel without ranks: the stage split, which stages a rank runs, the stages'
-modules and names, and the one-line refusals of what PP does not support yet."""
+modules and names, the schedules' theoretical bubbles, and the one-line refusals of what PP
+does not support yet."""
 
 from dataclasses import replace
 
@@ -17,6 +18,7 @@ from torchtitan_ablate.distributed.pipeline_parallel import (
     plan_stages,
     split_stages,
     stage_ids,
+    theoretical_bubble,
 )
 from torchtitan_ablate.models.qwen3 import Qwen3Model, qwen3_flavors
 from torchtitan_ablate.models.qwen3.parallelize import check_fsdp_knobs
@@ -185,3 +187,21 @@ def test_1f1b_needs_a_micro_batch_per_part():
     with pytest.raises(ConfigError, match="needs at least 4 micro-batches per loader batch, not 2"):
         check_layout(load_config(args), 4)
     check_layout(load_config(args + ["--parallelism.pipeline_parallel_schedule", "GPipe"]), 4)
+
+
+@pytest.mark.parametrize(
+    "schedule, pp, m, v, expected",
+    [
+        ("1F1B", 4, 8, 1, 3 / 11),  # (p - 1) / (m + p - 1)
+        ("1F1B", 4, 16, 1, 3 / 19),
+        ("GPipe", 2, 4, 1, 1 / 5),
+        ("Interleaved1F1B", 4, 8, 2, 3 / 19),  # (p - 1) / (v m + p - 1)
+        ("Interleaved1F1B", 4, 16, 2, 3 / 35),
+        ("ZBVZeroBubble", 4, 8, 2, 0.0),  # m >= 2p with equal F, B, W times
+        ("ZBVZeroBubble", 4, 7, 2, None),  # below 2p: no published figure
+        ("InterleavedZeroBubble", 4, 8, 2, None),
+    ],
+)
+def test_theoretical_bubble(schedule, pp, m, v, expected):
+    got = theoretical_bubble(schedule, pp, m, v)
+    assert got == expected if expected is None else got == pytest.approx(expected)

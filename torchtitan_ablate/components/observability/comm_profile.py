@@ -19,7 +19,16 @@ time:
 compute + exposed collectives + idle = 100%. On the GPU, collectives and compute overlap (FSDP
 prefetch), so collectives + compute can exceed 100%. GPU utilisation is NVML's mean over the
 window when pynvml is importable. All ranks profile (equal overhead); rank 0 writes
-<dump_folder>/comm_profile.json and one log line. The window's steps are slower than the others
+<dump_folder>/comm_profile.json and one log line, its own shares.
+
+Under pipeline parallel the ranks' shares are gathered to rank 0 at close, and the file gains a
+"pipeline" entry: the schedule's shape and theoretical bubble (pipeline_parallel.py's
+theoretical_bubble), and per pipeline rank the measured bubble, 1 - compute share: the share of
+the window in which that rank's device runs no compute (on the GPU: P2P waits, exposed FSDP
+collectives and host-bound idle alike; on CPU also Python between ops), averaged over the ranks
+of that pipeline rank, then their mean and max; on CUDA each pipeline rank's peak active memory
+over the window's steps (the allocator's peak since the metrics logger's last reset, which
+log_freq = 1 makes the window's). The window's steps are slower than the others
 by the profiler's overhead: the trainer marks their metrics.jsonl records "profiled" and the
 steady-state figures leave them out. scripts/bench.py --profile uses the same interval analysis.
 """
@@ -27,14 +36,19 @@ steady-state figures leave them out. scripts/bench.py --profile uses the same in
 import json
 import logging
 import os
+import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from torchtitan_ablate.config.job_config import Metrics as MetricsConfig
+
+if TYPE_CHECKING:
+    from torchtitan_ablate.distributed.pipeline_parallel import Pipeline
 
 logger = logging.getLogger("torchtitan_ablate")
 
@@ -115,6 +129,28 @@ def time_shares(events: list, wall_us: float, on_gpu: bool) -> dict[str, Any]:
     }
 
 
+def pipeline_entry(layout: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """comm_profile.json's "pipeline" entry from the schedule's layout (Pipeline.layout) and every
+    rank's {"pp_rank", "compute_share", "peak_active_gib"}: per pipeline rank the measured
+    bubble (1 - compute share, averaged over its ranks) and peak (max), then the bubbles' mean
+    and max over the pipeline ranks."""
+    by_pp: dict[int, list[dict]] = {}
+    for r in ranks:
+        by_pp.setdefault(r["pp_rank"], []).append(r)
+    stages = []
+    for pp_rank, group in sorted(by_pp.items()):
+        bubble = statistics.fmean(min(1.0, max(0.0, 1 - r["compute_share"])) for r in group)
+        peaks = [r["peak_active_gib"] for r in group if r["peak_active_gib"] is not None]
+        stages.append({"pp_rank": pp_rank, "ranks": len(group), "measured_bubble": bubble,
+                       "peak_active_gib": max(peaks) if peaks else None})  # fmt: skip
+    measured = [st["measured_bubble"] for st in stages]
+    return layout | {
+        "measured_bubble_mean": statistics.fmean(measured),
+        "measured_bubble_max": max(measured),
+        "per_pp_rank": stages,
+    }
+
+
 class _GpuUtil:
     """NVML utilisation samples of this process's GPU; inactive without pynvml or a GPU."""
 
@@ -154,9 +190,12 @@ class CommProfiler:
         is_writer: bool,
         total_steps: int,
         warmup_steps: int = 2,
+        pipeline: "Pipeline | None" = None,
+        pp_rank: int = 0,
     ) -> None:
         """warmup_steps: steps before the window (allocator, compile); a shorter run profiles
-        its last steps."""
+        its last steps. pipeline (this rank's, under pipeline parallel) and pp_rank: the shares
+        of all ranks are gathered at close into the "pipeline" entry; every rank calls close()."""
         self.enabled = config.comm_profile and total_steps >= 2
         if config.comm_profile and not self.enabled:
             logger.warning("metrics.comm_profile has no effect: it needs at least 2 steps")
@@ -169,6 +208,8 @@ class CommProfiler:
         self.gpu_util = _GpuUtil(device)
         self.window_last: int | None = None
         self.summary_: dict[str, Any] | None = None
+        self.layout = pipeline.layout() if pipeline is not None else None
+        self.pp_rank, self.peak_active = pp_rank, 0
 
     def covers(self, step: int) -> bool:
         """Whether the profiler recorded this step (call after step(step))."""
@@ -184,6 +225,9 @@ class CommProfiler:
             self._start(step + 1)
         elif self.prof is not None:
             self.gpu_util.sample()
+            if self.layout is not None and self.device.type == "cuda":
+                peak = torch.cuda.memory_stats(self.device).get("active_bytes.all.peak", 0)
+                self.peak_active = max(self.peak_active, peak)
             if step >= self.last:
                 self._stop(step)
 
@@ -218,6 +262,8 @@ class CommProfiler:
             "method": "CUDA kernel intervals" if on_gpu else "CPU op intervals",
         }
         self.prof = None
+        if self.layout is not None:
+            self.summary_["pipeline"] = self._gather_pipeline()
         if self.is_writer:
             s = self.summary_
             util = "" if s["gpu_util_pct"] is None else f", GPU util {s['gpu_util_pct']:.0f}%"
@@ -229,8 +275,25 @@ class CommProfiler:
                 f"{100 * s['idle_share']:.1f}%, data loading "
                 f"{100 * s['data_loading_share']:.1f}% of wall time{util}"
             )
+            if self.layout is not None:
+                pipe, theory = s["pipeline"], s["pipeline"]["theoretical_bubble"]
+                logger.info(
+                    f"pipeline bubble measured {100 * pipe['measured_bubble_mean']:.1f}% mean, "
+                    f"{100 * pipe['measured_bubble_max']:.1f}% max over the pipeline ranks; "
+                    + ("no theoretical figure" if theory is None else f"theory {100 * theory:.1f}%")
+                )
             with open(self.path, "w") as f:
                 json.dump(s, f, indent=1)
+
+    def _gather_pipeline(self) -> dict[str, Any]:
+        """The "pipeline" entry from every rank's compute share and peak (a collective over the
+        world: object gathers work on gloo and NCCL alike; once per run, off the window)."""
+        assert self.layout is not None and self.summary_ is not None
+        peak = self.peak_active / 2**30 if self.device.type == "cuda" else None
+        mine = {"pp_rank": self.pp_rank, "compute_share": self.summary_["compute_share"]}
+        ranks: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, mine | {"peak_active_gib": peak})
+        return pipeline_entry(self.layout, ranks)
 
     def summary(self) -> dict[str, Any] | None:
         """The shares once close() has run after the window, else None."""

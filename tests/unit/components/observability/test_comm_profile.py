@@ -3,12 +3,14 @@
 import json
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch.autograd import DeviceType
 
 from torchtitan_ablate.components.observability.comm_profile import (
     CommProfiler,
     busy_us,
+    pipeline_entry,
     time_shares,
 )
 from torchtitan_ablate.config.job_config import Metrics
@@ -60,6 +62,7 @@ def test_profiler_window_on_cpu(tmp_path):
     s = json.loads((tmp_path / "comm_profile.json").read_text())
     assert s["steps"] == [3, 5] and s["collectives_share"] == 0.0
     assert 0 < s["compute_share"] <= 1 and s["gpu_util_pct"] is None
+    assert "pipeline" not in s  # without pipeline parallel: no gather, no entry
 
 
 def test_off_by_default(tmp_path):
@@ -68,3 +71,21 @@ def test_off_by_default(tmp_path):
         prof.step(step)
     prof.close()
     assert prof.summary() is None and not (tmp_path / "comm_profile.json").exists()
+
+
+def test_pipeline_entry_averages_the_ranks_of_each_pipeline_rank():
+    layout = {"schedule": "1F1B", "degree": 2, "theoretical_bubble": 0.2}
+    ranks = [  # PP 2 x DP 2, world order: pp rank 0 on ranks 0, 1
+        {"pp_rank": 0, "compute_share": 0.7, "peak_active_gib": 3.0},
+        {"pp_rank": 0, "compute_share": 0.5, "peak_active_gib": 4.0},
+        {"pp_rank": 1, "compute_share": 0.9, "peak_active_gib": None},
+        {"pp_rank": 1, "compute_share": 1.05, "peak_active_gib": None},  # clipped: bubble 0
+    ]
+    e = pipeline_entry(layout, ranks)
+    assert e["schedule"] == "1F1B" and e["theoretical_bubble"] == 0.2
+    (first, second) = e["per_pp_rank"]
+    assert (first["pp_rank"], first["ranks"], first["peak_active_gib"]) == (0, 2, 4.0)
+    assert first["measured_bubble"] == pytest.approx(0.4)  # mean of 0.3 and 0.5
+    assert second["measured_bubble"] == pytest.approx(0.05) and second["peak_active_gib"] is None
+    assert e["measured_bubble_mean"] == pytest.approx(0.225)
+    assert e["measured_bubble_max"] == pytest.approx(0.4)
