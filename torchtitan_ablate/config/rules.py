@@ -104,12 +104,11 @@ def _check_tensor_parallel(config: JobConfig) -> None:
     if tp == 1:
         return
     key = f"parallelism.tensor_parallel_degree = {tp}"
-    others = {
-        "lora.enable = true": config.lora.enable,
-        "training.dataset = 'preference' (DPO)": dpo_enabled(config),
-    }
-    for name, on in others.items():
-        require(not on, f"{key} with {name} is not supported yet; use one or the other")
+    require(
+        not dpo_enabled(config),
+        f"{key} with training.dataset = 'preference' (DPO) is not supported yet; use one or "
+        "the other",
+    )
     f8 = config.float8
     require(
         not f8.enable or f8.recipe == "tensorwise",

@@ -57,7 +57,7 @@ Shape legend: B batch, S sequence, D model dim, V vocabulary.
 """
 
 import functools
-from collections.abc import Container
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -72,6 +72,12 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+
+from torchtitan_ablate.distributed.lora_tensor_parallel import (
+    LoRAColwiseParallel,
+    LoRARowwiseParallel,
+)
+from torchtitan_ablate.models.common.lora import LoRALinear
 
 
 def gather_vocab_shards(weight_VD: torch.Tensor) -> torch.Tensor:
@@ -116,23 +122,26 @@ _ATTN_IN = ("attention.wq", "attention.wk", "attention.wv")
 _FFN_IN = ("feed_forward.w1", "feed_forward.w3")
 
 
-def _block_plan(
-    special: TPStyles = PLAIN, converted: Container[str] = (), moe: bool = False
-) -> dict:
+LORA = TPStyles(colwise=LoRAColwiseParallel, rowwise=LoRARowwiseParallel)
+
+
+def _block_plan(styles: Mapping[str, TPStyles] | None = None, moe: bool = False) -> dict:
     """The plan of one transformer block, dense or `moe` (see the module docstring). The
-    linears named in `converted` (block-relative names) take `special`'s styles; an input is
-    prepared with `special`'s style only when every linear reading it is converted (a float8
-    input would reach a plain linear otherwise)."""
+    linears named in `styles` (block-relative names) take those styles (float8's, LoRA's), the
+    others the plain ones; an input is prepared with a special style only when every linear
+    reading it takes that style (a float8 input would reach a plain linear otherwise)."""
+    styles = styles or {}
 
     def col(name: str) -> ColwiseParallel:
-        return (special if name in converted else PLAIN).colwise()
+        return styles.get(name, PLAIN).colwise()
 
     def row(name: str) -> RowwiseParallel:
-        style = special if name in converted else PLAIN
+        style = styles.get(name, PLAIN)
         return style.rowwise(output_layouts=Shard(1), use_local_output=False)
 
     def prepare(readers: tuple[str, ...]) -> type[PrepareModuleInput]:
-        return (special if all(r in converted for r in readers) else PLAIN).prepare_input
+        kinds = {styles.get(r, PLAIN) for r in readers}
+        return (kinds.pop() if len(kinds) == 1 else PLAIN).prepare_input
 
     plan = {
         "attention_norm": SequenceParallel(),
@@ -222,6 +231,8 @@ def apply_tp(
     }
     # A pipeline stage (pipeline_parallel.split_stages) lacks the modules of other stages.
     present = {name: style for name, style in ends.items() if getattr(model, name) is not None}
+    # SequenceParallel re-creates the norms' weights trainable: LoRA's frozen ones stay frozen.
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     parallelize_module(model, tp_mesh, present)
     _shard_stage_boundaries(model, tp_mesh)
     output = model.output
@@ -235,18 +246,21 @@ def apply_tp(
             output.weight = nn.Parameter(sharded)
         output.weight_fn = gather_vocab_shards
     for block in model.layers.values():
-        converted = {
-            name
-            for name, module in block.named_modules()
-            if is_special is not None and isinstance(module, is_special)
-        }
-        parallelize_module(block, tp_mesh, _block_plan(special, converted, block.moe is not None))
+        styles = {}
+        for name, module in block.named_modules():
+            if isinstance(module, LoRALinear):
+                styles[name] = LORA
+            elif is_special is not None and isinstance(module, is_special):
+                styles[name] = special
+        parallelize_module(block, tp_mesh, _block_plan(styles, block.moe is not None))
         if block.moe is not None:
             router = block.moe.router
             gate = router.gate.weight
             replicated = distribute_tensor(gate, tp_mesh, [Replicate()], src_data_rank=None)
             router.gate.weight = nn.Parameter(replicated, gate.requires_grad)
             router.gate_weight_fn = local_replica
+    for name, param in model.named_parameters():
+        param.requires_grad_(name not in frozen)
 
 
 def _shard_stage_boundaries(model: nn.Module, tp_mesh: DeviceMesh) -> None:

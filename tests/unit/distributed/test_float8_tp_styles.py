@@ -57,7 +57,7 @@ def test_cuda_takes_torchaos_styles_and_cpu_the_plain_ones():
 
 
 def test_every_converted_linear_and_its_inputs_take_float8_styles():
-    plan = _block_plan(float8_tp_styles("cuda")[0], LINEARS)
+    plan = _block_plan(dict.fromkeys(LINEARS, float8_tp_styles("cuda")[0]))
     for name in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1"):
         assert type(plan[name]) is Float8ColwiseParallel
     assert type(plan["attention.wo"]) is Float8RowwiseParallel
@@ -69,7 +69,7 @@ def test_every_converted_linear_and_its_inputs_take_float8_styles():
 def test_a_high_precision_linear_keeps_plain_styles_and_its_input_too():
     # e.g. float8.filter_fqns = ["wk"]: wq / wv still float8, but the attention input they
     # share with wk is gathered in high precision (wk cannot take a float8 input).
-    plan = _block_plan(float8_tp_styles("cuda")[0], LINEARS - {"attention.wk"})
+    plan = _block_plan(dict.fromkeys(LINEARS - {"attention.wk"}, float8_tp_styles("cuda")[0]))
     assert type(plan["attention.wk"]) is ColwiseParallel
     assert type(plan["attention.wq"]) is Float8ColwiseParallel
     assert type(plan["attention"]) is PrepareModuleInput
@@ -78,7 +78,7 @@ def test_a_high_precision_linear_keeps_plain_styles_and_its_input_too():
 
 def test_shard_dims_are_the_same_with_float8_styles():
     # Float8 styles subclass the plain ones: the estimator's shard dims do not change.
-    plan = _block_plan(float8_tp_styles("cuda")[0], LINEARS)
+    plan = _block_plan(dict.fromkeys(LINEARS, float8_tp_styles("cuda")[0]))
     assert isinstance(plan["attention.wq"], ColwiseParallel)
     assert isinstance(plan["attention.wo"], RowwiseParallel)
     assert tp_shard_dim("layers.0.attention.wq") == 0
