@@ -151,8 +151,9 @@ TOKENS = ["--parallelism.expert_parallel_dispatch", "tokens"]
         (MOE, ["--parallelism.expert_parallel_degree", "2", *TOKENS]),
         (DENSE, TP2),
         (MOE, TP2),
+        (DENSE, [*TP2, "--lora.enable", "true"]),
     ],
-    ids=["fsdp2_dense", "ep2_moe", "ep2_moe_tokens", "tp2_dense", "tp2_moe"],
+    ids=["fsdp2_dense", "ep2_moe", "ep2_moe_tokens", "tp2_dense", "tp2_moe", "tp2_lora"],
 )
 def test_estimate_matches_real_cpu_ranks(base, extra):
     config = _config(base, 2, *extra)
