@@ -1,8 +1,8 @@
-"""DPO end to end on CPU, from tiny HF checkpoints (model.flavor = "auto"): FSDP2 x 2, CP x 2
-and (LoRA, adapters-off reference) EP x 2 on gloo ranks train like one process; a run stopped
-and resumed gives exactly the uninterrupted run's losses and rewards (the reference copy and
-the loader state come from the checkpoint); the export holds the policy; the memory estimate
-counts the reference copy."""
+"""DPO end to end on CPU, from tiny HF checkpoints (model.flavor = "auto"): FSDP2 x 2, CP x 2,
+TP x 2, TP 2 x CP 2 and (LoRA, adapters-off reference) EP x 2 on gloo ranks train like one
+process; a run stopped and resumed gives exactly the uninterrupted run's losses and rewards
+(the reference copy and the loader state come from the checkpoint); the export holds the
+policy; the memory estimate counts the reference copy."""
 
 import sys
 from pathlib import Path
@@ -47,10 +47,13 @@ def hf_dirs(tmp_path_factory) -> dict[str, Path]:
     return {kind: root / kind for kind in ("dense", "moe")}
 
 
+CP2 = [P + "context_parallel_degree", "2"]
 LAYOUTS = {  # name: (model, world size, extra args)
     "fsdp2": ("dense", 2, []),
     "hsdp2x1": ("dense", 2, [P + "data_parallel_replicate_degree", "2"]),
-    "cp2": ("dense", 2, [P + "context_parallel_degree", "2"]),
+    "cp2": ("dense", 2, CP2),
+    "tp2": ("dense", 2, [P + "tensor_parallel_degree", "2"]),
+    "tp2_cp2": ("dense", 4, [P + "tensor_parallel_degree", "2", *CP2]),
     "ep2_lora": ("moe", 2, [P + "expert_parallel_degree", "2", *LORA]),
 }
 

@@ -10,7 +10,6 @@ that uses them.
 """
 
 from torchtitan_ablate.config.derived import compiles
-from torchtitan_ablate.config.dpo_config import dpo_enabled
 from torchtitan_ablate.config.job_config import (
     LORA_TARGETS,
     ActivationCheckpoint,
@@ -104,11 +103,6 @@ def _check_tensor_parallel(config: JobConfig) -> None:
     if tp == 1:
         return
     key = f"parallelism.tensor_parallel_degree = {tp}"
-    require(
-        not dpo_enabled(config),
-        f"{key} with training.dataset = 'preference' (DPO) is not supported yet; use one or "
-        "the other",
-    )
     f8 = config.float8
     require(
         not f8.enable or f8.recipe == "tensorwise",

@@ -190,7 +190,6 @@ TP2 = ["--parallelism.tensor_parallel_degree", "2"]
             "supported: torchao's float8 tensor parallel styles are tensorwise only",
         ),
         (TP2 + FLOAT8 + ["--float8.recipe", "rowwise_with_gw_hp"], "'rowwise_with_gw_hp' is not"),
-        (TP2 + ["--training.dataset", "preference"], "(DPO) is not supported yet"),
         (
             TP2 + ["--checkpoint.enable", "--checkpoint.create_seed_checkpoint"],
             "parallelism.tensor_parallel_degree = 2; the seed checkpoint is written by one process",
@@ -210,6 +209,8 @@ def test_tensor_parallel_loads_with_what_it_supports():
     assert config.parallelism.tensor_parallel_degree == 2
     assert load_config(TP2 + FLOAT8).float8.recipe == "tensorwise"  # float8 TP: tensorwise
     assert load_config(TP2 + LORA).lora.enable  # adapters split with their linears
+    dpo = ["--training.dataset", "preference", "--training.dataset_path", "x.jsonl"]
+    assert load_config(TP2 + dpo).parallelism.tensor_parallel_degree == 2  # pair sums over tp
     config = load_config(TP2 + ["--parallelism.context_parallel_degree", "2"])
     assert config.parallelism.context_parallel_degree == 2
     async_tp = ["--parallelism.enable_async_tensor_parallel", "true", "--compile.enable", "true"]

@@ -16,16 +16,17 @@ The loss function returns sums over the micro-batch's pairs; train_step divides 
 pair count (Run.loss_count), so every layout and accumulation gives the mean over the step's
 pairs, as TRL's per-batch mean does for one batch.
 
-Context parallel: each cp rank holds a slice of every row; the per-document sums are
-all-reduced over the cp group (its backward sums the gradients too), so every cp rank computes
-every pair's loss, and the pair count is summed over dp * cp ranks to match.
+Context and tensor parallel: each cp rank holds a slice of every row, each tp rank the tokens
+of a contiguous slice of it (sequence parallel's, the labels'); the per-document sums are
+all-reduced over the cp and tp groups (their backward sums the gradients too), so every rank
+computes every pair's loss, and the pair count is summed over dp * cp * tp ranks to match.
 
 Reference model (build.py builds it): a frozen copy of the starting weights sharded like the
 policy, or with LoRA the policy itself inside `reference_context` (lora.adapters_off).
 Shape legend: B batch, S sequence, N tokens (B * S), D model dim, V vocabulary, K pair slots.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -38,6 +39,7 @@ from torch import nn
 from torchtitan_ablate.components.checkpoint.state import ModelWrapper
 from torchtitan_ablate.components.objective.loss import IGNORE_INDEX
 from torchtitan_ablate.config.dpo_config import DPO
+from torchtitan_ablate.distributed.tensor_parallel import tp_shard_labels
 
 METRICS = (
     "rewards/chosen",
@@ -138,19 +140,22 @@ class _AllReduceSum(torch.autograd.Function):
 def pair_sums(
     values_BS: torch.Tensor,
     document_ids_BS: torch.Tensor,
-    cp_group: dist.ProcessGroup | None,
+    groups: Sequence[dist.ProcessGroup] = (),
+    row_len: int | None = None,
 ) -> torch.Tensor:
     """Sums of values per (row, document), as [B, K, 2]: [:, k, 0] chosen of pair k, [:, k, 1]
-    its rejected (documents 2k and 2k + 1). K = ceil(S / 2) slots hold every document (each is
-    at least two tokens long); slots past a row's pairs hold padding or nothing."""
+    its rejected (documents 2k and 2k + 1). K = ceil(row_len / 2) slots hold every document of
+    a row of row_len tokens (each is at least two tokens long; default: the tokens given);
+    slots past a row's pairs hold padding or nothing. With `groups` (the cp and tp ranks, each
+    holding a slice of every row) the sums are of every rank's slice."""
     batch, seq = values_BS.shape
-    slots = 2 * ((seq + 1) // 2)
+    slots = 2 * (((row_len or seq) + 1) // 2)
     index_N = (document_ids_BS.clamp(max=slots - 1) + slots * torch.arange(
         batch, device=values_BS.device
     ).unsqueeze(1)).flatten()  # fmt: skip
     sums = values_BS.new_zeros(batch * slots).index_add(0, index_N, values_BS.flatten())
-    if cp_group is not None:
-        sums = _AllReduceSum.apply(sums, cp_group)
+    for group in groups:
+        sums = _AllReduceSum.apply(sums, group)
     return sums.view(batch, slots // 2, 2)
 
 
@@ -203,13 +208,28 @@ class DPOLoss:
         self,
         settings: DPO,
         chunk_size: int,
-        cp_group: dist.ProcessGroup | None,
+        parallel_dims: Any | None,
         reference: nn.Module | None,
         reference_context: Callable[[nn.Module], AbstractContextManager] | None = None,
     ) -> None:
         assert (reference is None) != (reference_context is None)
-        self.settings, self.chunk_size, self.cp_group = settings, chunk_size, cp_group
+        self.settings, self.chunk_size, pd = settings, chunk_size, parallel_dims
         self.reference, self.reference_context = reference, reference_context
+        # Each cp rank holds a slice of every row (document ids too); each tp rank the logps of
+        # a contiguous slice of its cp slice (the labels'), with the cp slice's document ids.
+        # No parallel_dims: one process.
+        self.cp, self.tp_mesh, self.groups = 1, None, []
+        if pd is not None:
+            self.cp = pd.cp
+            self.tp_mesh = pd.mesh("tp") if pd.tp_enabled else None
+            meshes = [name for name, on in (("cp", pd.cp_enabled), ("tp", pd.tp_enabled)) if on]
+            self.groups = [pd.mesh(name).get_group() for name in meshes]
+
+    def _pair_sums(self, values_BS: torch.Tensor, document_ids_BS: torch.Tensor) -> torch.Tensor:
+        row_len = document_ids_BS.shape[1] * self.cp
+        if self.tp_mesh is not None:
+            document_ids_BS = tp_shard_labels(document_ids_BS, self.tp_mesh)
+        return pair_sums(values_BS, document_ids_BS, self.groups, row_len)
 
     def head(self, h_BSD: torch.Tensor, weight_VD: torch.Tensor, labels_BS: torch.Tensor):
         return token_logps(h_BSD, weight_VD, labels_BS, self.chunk_size)
@@ -222,7 +242,7 @@ class DPOLoss:
             labels_BS=batch["labels"],
             loss_head=self.head,
         )
-        return pair_sums(logps_BS, batch["document_ids"], self.cp_group)
+        return self._pair_sums(logps_BS, batch["document_ids"])
 
     def __call__(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
         with torch.no_grad():  # the reference pass first: its activations are freed at once
@@ -232,7 +252,7 @@ class DPOLoss:
                 with self.reference_context(model):
                     reference_BK2 = self.sequence_logps(model, batch)
             valid_BS = (batch["labels"] != IGNORE_INDEX).float()
-            tokens_BK2 = pair_sums(valid_BS, batch["document_ids"], self.cp_group)
+            tokens_BK2 = self._pair_sums(valid_BS, batch["document_ids"])
         policy_BK2 = self.sequence_logps(model, batch)
         return dpo_terms(policy_BK2, reference_BK2, tokens_BK2, self.settings)
 
@@ -271,9 +291,7 @@ def build_dpo_loss(
     """The DPO loss of a built run: with a reference copy (frozen here, given the policy's
     weights), else the policy inside reference_context for the reference pass.
     loss_chunk_size: tokens per chunk of the log-probability head (0 = all at once)."""
-    pd = parallel_dims
-    cp_group = pd.mesh("cp").get_group() if pd.cp_enabled else None
     if reference is None:
-        return DPOLoss(settings, loss_chunk_size, cp_group, None, reference_context)
+        return DPOLoss(settings, loss_chunk_size, parallel_dims, None, reference_context)
     init_reference(policy, reference)
-    return DPOLoss(settings, loss_chunk_size, cp_group, reference)
+    return DPOLoss(settings, loss_chunk_size, parallel_dims, reference)
