@@ -14,13 +14,14 @@ the one-GPU run's (scripts/compare_runs.py). Exit 1 if a run failed or left --rt
 
 Layouts at each world size W: FSDP W, FSDP W in ZeRO-2 mode (reshard never), replicate W,
 CP 2 x FSDP W/2, FSDP W with full activation checkpointing, TP 2 x FSDP W/2, TP 2 with float8
-(tensorwise; against the bf16 run), MoE with EP W; at W = 4 also HSDP 2x2, HSDP 2x2 x EP 2,
+(tensorwise; against the bf16 run), TP 2 with async TP (not with --cpu), MoE with EP W; at W = 4 also HSDP 2x2, HSDP 2x2 x EP 2,
 TP 2 x CP 2, PP 2 x CP 2, PP 2 x TP 2 and the MoE model at PP 2 x EP 2 and TP 2 x EP 2.
 Pipeline parallel
 needs untied embeddings: PP 2 (1F1B, eager and compiled), PP 2 x FSDP W/2 (GPipe at W = 4),
 PP 2 x CP 2 and PP 2 x TP 2 train the 8B flavor cut to
 --dense-layers blocks, against a one-GPU run of that model without compile (not with --cpu:
-the debug flavors tie their embeddings); at W = 2 the MoE model also trains with PP 2 (1F1B),
+the debug flavors tie their embeddings); at W = 2 also PP 2 with float8 (against the bf16
+run) and the MoE model with PP 2 (1F1B),
 against the MoE one-GPU run (its aux loss is each micro-batch's: a small difference).
 
 Writes OUT/<run>/ (metrics.jsonl, config.toml), OUT/<run>.log, and the verdict tables
@@ -149,6 +150,10 @@ for w in $worlds; do
     train "pp2_fsdp$((w / 2))_gpipe" "$w" untied "${pp[@]}" $P.pipeline_parallel_schedule GPipe
   fi
   train "dense_tp2_float8_w$w" "$w" dense $P.tensor_parallel_degree 2 --float8.enable true
+  # Async TP: the micro-pipelined collectives (CUDA symmetric memory; not with --cpu).
+  [ "$cpu" = 1 ] || train "dense_tp2_async_w$w" "$w" dense $P.tensor_parallel_degree 2 \
+    $P.enable_async_tensor_parallel true
+  [ "$w" = 2 ] && train pp2_float8 2 untied "${pp[@]}" --float8.enable true
   if [ "$w" = 4 ]; then
     train dense_hsdp2x2 4 dense $P.data_parallel_replicate_degree 2 $P.data_parallel_shard_degree 2
     train moe_hsdp2x2_ep2 4 moe $P.data_parallel_replicate_degree 2 \
