@@ -1,8 +1,10 @@
 """CUDA layouts start from the one-GPU run's weights and train like it (NCCL ranks, spawned).
 
 N = the largest power of two <= the visible GPUs (at most 8, so the global batch of 8 rows and
-the 8 experts split evenly). Layouts: FSDP N, HSDP 2 x N/2, CP 2 x FSDP N/2 (dense) and EP N
-(MoE), each against the one-GPU run of the same model on the same global batches
+the 8 experts split evenly). Layouts: FSDP N, HSDP 2 x N/2, CP 2 x FSDP N/2, TP 2 x FSDP N/2
+(dense), EP N (MoE), PP 2 x FSDP N/2 with 1F1B, GPipe and Interleaved1F1B (the dense model
+untied: PP refuses tied embeddings), and from N = 4 TP 2 x CP 2 and the untied MoE model at
+PP 2 x EP 2, each against the one-GPU run of the same model on the same global batches
 (parallel_harness): (a) the initial weights are bitwise equal; (b) the step-1 loss agrees within
 1e-6 relative in fp32 and 1e-3 in bf16, and 20 bf16 steps within 1e-2 at every step. A failure
 prints every layout's figures at once, so one GPU run shows all of them.
@@ -15,6 +17,7 @@ import gc
 import itertools
 import os
 import tempfile
+from dataclasses import replace
 from math import inf
 
 import pytest
@@ -25,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from tests.helpers import parallel_harness as harness
 from tests.helpers.distributed import run_distributed
 from torchtitan_ablate import build
+from torchtitan_ablate.models.qwen3 import qwen3_flavors
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -45,19 +49,42 @@ PRECISIONS = {
     "bf16": ["--training.steps", str(STEPS), *STABLE],
 }
 BOUNDS = {"fp32 step 1": 1e-6, "bf16 step 1": 1e-3, f"bf16 {STEPS} steps": 1e-2}  # relative
+# PP 2: each dp rank's rows (8 / dp) in micro-batches of 1.
+PP2 = [P + "pipeline_parallel_degree", "2", "--training.local_batch_size", str(16 // max(N, 2))]
 LAYOUTS = {  # name: (flavor, degrees)
     f"fsdp{N}": ("debugmodel", []),
     f"hsdp2x{N // 2}": ("debugmodel", [P + "data_parallel_replicate_degree", "2"]),
     f"cp2_fsdp{N // 2}": ("debugmodel", [P + "context_parallel_degree", "2"]),
+    f"tp2_fsdp{N // 2}": ("debugmodel", [P + "tensor_parallel_degree", "2"]),
     f"ep{N}": ("debugmodel_moe", [P + "expert_parallel_degree", str(N)]),
+    **{
+        f"pp2_fsdp{N // 2}_{s.lower()}": (
+            "debugmodel_untied",
+            [*PP2, P + "pipeline_parallel_schedule", s],
+        )
+        for s in ("1F1B", "GPipe", "Interleaved1F1B")
+    },
 }
-FLAVORS = ("debugmodel", "debugmodel_moe")
+if N >= 4:
+    LAYOUTS["tp2_cp2"] = (
+        "debugmodel",
+        [P + "tensor_parallel_degree", "2", P + "context_parallel_degree", "2"],
+    )
+    LAYOUTS["pp2_ep2"] = ("debugmodel_moe_untied", [*PP2, P + "expert_parallel_degree", "2"])
+FLAVORS = ("debugmodel", "debugmodel_moe", "debugmodel_untied", "debugmodel_moe_untied")
+
+
+def _add_untied_flavors() -> None:
+    """The debug flavors with their own output head, for PP (in each spawned rank)."""
+    for name in ("debugmodel", "debugmodel_moe"):
+        qwen3_flavors[f"{name}_untied"] = replace(qwen3_flavors[name], tie_embeddings=False)
 
 
 def _runs(cases: dict[str, list[str]], root: str) -> dict:
     """On every rank: train each case on this rank's GPU; its initial full weights (rank 0, on
     the CPU) and its per-step losses."""
     rank = dist.get_rank()
+    _add_untied_flavors()
     os.environ["LOCAL_RANK"] = str(rank)  # pick_device: one GPU per rank
     torch.cuda.set_device(rank)
     build.build_dataloader = harness._build_global_slicing_loader  # same rows in every layout
