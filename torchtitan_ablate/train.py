@@ -228,12 +228,12 @@ class Trainer:
             # throughput verdict are voted on, read a step late where the host would wait.
             measured = log_now and throughput_measured(records, config.training, self.is_writer)
             flags = [self.preemption.requested, measured and self.is_writer]
-            now = log_now or self.step == last or self.checkpointer.due(self.step)
-            sigterm, measured = self.stop_vote(flags, now)
+            due = self.checkpointer.due(self.step)
+            sigterm, measured = self.stop_vote(flags, now=log_now or self.step == last or due)
             self.preemption.step_ended()  # a step later, the next step's grace covers the stop
             stop = self.step == config.training.exit_at_step or sigterm or measured
             force = self.step == last or stop
-            if force or self.checkpointer.due(self.step):  # a saved step is a settled one
+            if force or due:  # a saved step is a settled one
                 self._settle()
             saved = self.checkpointer.save(self.step, force=force)
             ck = config.checkpoint

@@ -8,8 +8,8 @@ PP. pipeline parallel before everything: it cuts the model into this rank's stag
    path like a whole model; expert parallel shards each part's experts over its own ep ranks,
    context parallel gives each part its cp rank's slice of the sequence, and tensor parallel
    splits each part's weights over its tp ranks (the parts pass each other their tp rank's
-   sequence slice of the hidden states). LoRA adapts each part's own blocks; float8 with PP is
-   refused for now.
+   sequence slice of the hidden states). LoRA adapts and float8 converts each part's own
+   blocks.
 0. LoRA first (when enabled): it adds the adapter parameters that EP and FSDP must shard like
    their base weights, and its adapted projections are no longer nn.Linear, so float8 leaves
    them (frozen base included) in high precision instead of dropping the adapters.
@@ -144,7 +144,7 @@ def parallelize_qwen3(
         return [model], _parallelize_part(model, pd, job_config, device_type, compile_backend)
     p = job_config.parallelism
     fqns = plan_stages(p, model.args.n_layers)
-    parts = split_stages(model, fqns, stage_ids(p, pd.mesh("pp").get_local_rank(), len(fqns)))
+    parts = split_stages(model, fqns, stage_ids(p, pd.pp_rank(), len(fqns)))
     for part in parts:
         _parallelize_part(part, pd, job_config, device_type, compile_backend)
     logger.info(
