@@ -54,6 +54,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 if __name__ == "__main__":  # --help and a wrong option answer before torch's imports (seconds)
     parse_args(sys.argv[1:])
 
+from torchtitan_ablate.cuda_allocator import ALLOC_CONF  # noqa: E402
+
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)  # the trainer's, before CUDA starts
+
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile

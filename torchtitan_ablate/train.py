@@ -21,11 +21,11 @@ if __name__ == "__main__":  # --help and a config error answer before torch's im
 
     filter_library_warnings()
 
-# Before the first CUDA allocation: growable segments instead of fixed blocks, so a run near the
-# memory limit (Qwen3-4B with AdamW on one 80 GB GPU) does not stall on fragmentation retries.
-os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+from torchtitan_ablate.cuda_allocator import ALLOC_CONF
 
-import torch  # noqa: E402
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)  # before CUDA's first allocation
+
+import torch
 
 from torchtitan_ablate.build import build_data, build_layout, build_run, resolve_steps
 from torchtitan_ablate.components.checkpoint.dump_lock import claim

@@ -128,6 +128,7 @@ def estimate(config: JobConfig, target: str = "cuda") -> dict:
         "program": describe_program(cfg, busiest.graphs),
         "n_params": busiest.n_params,
         "moe": moe,
+        "expert_parallel": busiest.ep_enabled,
         "seconds": time.perf_counter() - start,
     }
 

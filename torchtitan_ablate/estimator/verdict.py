@@ -43,11 +43,12 @@ FEWEST_HINT = (
     "layout there in one command"
 )
 # Reserved over active peak memory that PyTorch's caching allocator needs (expandable
-# segments, as the trainer sets): dense steps reuse blocks of the same sizes every step; MoE
-# steps allocate buffers whose sizes follow the routing, so freed blocks fit the next request
-# less often. Measured: one-GPU MoE 70.3 / 71.8 GiB; EP 4 recipe 67.1 / 76.3, 48.8 / 55.6 and
-# 60.7 / 67.8 (4x H200, docs/performance.md).
-ALLOCATOR_FACTOR = {False: 1.03, True: 1.15}
+# segments, as the trainer sets): dense steps, and MoE steps on one rank's experts, reuse
+# blocks of the same sizes every step; under expert parallel the buffers' sizes follow how
+# many rows each rank receives, so freed blocks fit the next request less often. Measured
+# (active / reserved GiB): one-GPU MoE 70.9 / 72.4 and 69.8 / 71.2 (1x H200); EP 4 recipe
+# 67.1 / 76.3, 48.8 / 55.6 and 60.7 / 67.8 (4x H200, docs/performance.md).
+ALLOCATOR_FACTOR = {False: 1.03, True: 1.15}  # keyed by expert parallel
 # Above this share of the card reserved, the allocator frees and retries inside steps: the EP 4
 # recipe at 96% reserved ran 20-35% slower than with one sequence less per GPU (4x H100).
 MAX_RESERVED_SHARE = 0.92
@@ -55,7 +56,7 @@ MAX_RESERVED_SHARE = 0.92
 
 def reserved_gib(est: dict) -> float:
     """The memory the caching allocator reserves for the step (ALLOCATOR_FACTOR)."""
-    return required_gib(est) * ALLOCATOR_FACTOR[bool(est.get("moe"))]
+    return required_gib(est) * ALLOCATOR_FACTOR[bool(est.get("expert_parallel"))]
 
 
 def leaves_room(est: dict, device_gib: float) -> bool:
@@ -74,7 +75,7 @@ def verdict(est: dict, device_gib: float) -> tuple[bool, str]:
     line = f"fits in {device_gib:g} GiB with {headroom:.0f}% headroom"
     reserved = reserved_gib(est)
     if not leaves_room(est, device_gib):
-        kind = "an MoE step" if est.get("moe") else "a step"
+        kind = "an expert-parallel step" if est.get("expert_parallel") else "a step"
         line += (
             f", but the allocator needs about {reserved:.0f} GiB reserved for {kind} "
             f"({100 * reserved / device_gib:.0f}% of the card): expect allocator retries and a "
