@@ -30,11 +30,8 @@ import torch
 from torchtitan_ablate.build import build_data, build_layout, build_run, resolve_steps
 from torchtitan_ablate.components.checkpoint.dump_lock import claim
 from torchtitan_ablate.components.checkpoint.hf_export import save_last_in_hf
-from torchtitan_ablate.components.checkpoint.manager import CheckpointManager
-from torchtitan_ablate.components.checkpoint.run_settings import run_settings
 from torchtitan_ablate.components.checkpoint.state import TrainState
-from torchtitan_ablate.components.data import state_same_on_every_rank
-from torchtitan_ablate.components.objective.dpo import init_reference, reference_states
+from torchtitan_ablate.components.objective.dpo import init_reference
 from torchtitan_ablate.components.objective.finite import NonFiniteError, StepValues
 from torchtitan_ablate.components.objective.validate import Validator
 from torchtitan_ablate.components.observability.comm_profile import CommProfiler
@@ -49,6 +46,7 @@ from torchtitan_ablate.config import JobConfig, check_dump_folder, run_main, wri
 from torchtitan_ablate.config.dpo_config import DPO_FLOPS_FACTOR, dpo_enabled
 from torchtitan_ablate.config.errors import report
 from torchtitan_ablate.distributed import utils as dist_utils
+from torchtitan_ablate.run_checkpoint import build_checkpointer
 from torchtitan_ablate.seed_checkpoint import create_seed_checkpoint
 from torchtitan_ablate.step import next_micro_batches, train_step
 
@@ -106,27 +104,10 @@ class Trainer:
         self.optimizer, self.lr_scheduler = self.run.optimizer, self.run.lr_scheduler
         self.loss_fn = self.run.loss_fn
 
-        # 3. Checkpoint and profilers. tokens_seen rides in the checkpoint, so a resumed
-        # run's count is exact (metrics.jsonl may hold no row at the checkpoint's step).
+        # 3. Checkpoint and profilers.
         self.train_state = TrainState()
-        self.checkpointer = CheckpointManager(
-            folder=os.path.join(config.job.dump_folder, config.checkpoint.folder),
-            enable=config.checkpoint.enable,
-            interval=config.checkpoint.interval,
-            keep_latest_k=config.checkpoint.keep_latest_k,
-            model_parts=self.run.model_parts,
-            optimizers=[self.optimizer],
-            lr_schedulers=[self.lr_scheduler],
-            dataloader=self.dataloader,
-            initial_load_path=config.checkpoint.initial_load_path,
-            initial_load_format=config.checkpoint.initial_load_format,
-            load_step=config.checkpoint.load_step,
-            training_steps=config.training.steps,
-            settings=run_settings(config, layout.sequences_per_step, layout.model_args),
-            dataloader_state_shared=state_same_on_every_rank(
-                config.training.data_sharding, config.training.num_workers
-            ),
-            states={"train_state": self.train_state, **reference_states(self.run.reference)},
+        self.checkpointer = build_checkpointer(
+            config, layout, self.run, self.dataloader, self.train_state
         )
         self.comm_profiler = CommProfiler(
             config.metrics,

@@ -106,11 +106,11 @@ def test_tools_never_import_the_trainer():
 # Run modes (train, seed_checkpoint, launch, cli) sit above the build path; the ablation runner
 # on top. A model's parallelize.py is the one door from models/ up to the techniques.
 FLOORS = (
-    ("config", "library_warnings"),  # the latter: stdlib only, used from components up
+    ("config", "library_warnings", "cuda_allocator"),  # the last two: stdlib only
     ("models",),
     ("distributed",),
     ("components",),
-    ("layout", "build"),
+    ("layout", "build", "run_checkpoint"),
     ("step",),
     ("estimator",),
     ("train", "seed_checkpoint", "launch", "cli"),
