@@ -26,9 +26,8 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-import torch.distributed as dist
-
 from torchtitan_ablate.config.errors import report
+from torchtitan_ablate.distributed.utils import current_world_size
 
 logger = logging.getLogger("torchtitan_ablate")
 
@@ -36,10 +35,6 @@ EXIT_CODE = 143  # 128 + SIGTERM, what a process killed by SIGTERM returns
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: a Ctrl-C
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 KEY = "training.sigterm_grace_seconds"
-
-
-def _world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 class Preemption:
@@ -107,7 +102,7 @@ class Preemption:
             return
         grace = f"{self.grace_seconds:g} s" if self._bounded() else "no limit"
         # Several ranks read their vote a step late (the trainer's AnyRankLater).
-        when = "this step or the next" if _world_size() > 1 else "this step"
+        when = "this step or the next" if current_world_size() > 1 else "this step"
         if signum == signal.SIGINT:
             self.interrupted = True
             logger.warning(

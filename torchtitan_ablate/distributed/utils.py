@@ -50,12 +50,17 @@ def init_distributed(device: torch.device, timeout_s: float = 300) -> int:
     return world_size
 
 
+def current_world_size() -> int:
+    """The default process group's size; 1 without one (a single process)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
 def set_timeout(timeout_s: float) -> None:
     """Every process group's collective timeout from now on (comm.train_timeout_seconds, set
     after the first step, as torchtitan does): a stalled or dead rank then fails the others
     within timeout_s instead of the long start-up timeout. The meshes' groups were made with
     the start-up one, so each group is set, not only the default."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if current_world_size() == 1:
         return
     # No rank may wait under the short timeout while another is still in a long first step.
     dist.barrier()
@@ -119,7 +124,7 @@ class AnyRankLater:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.alone = not dist.is_initialized() or dist.get_world_size() == 1
+        self.alone = current_world_size() == 1
         self._queued: HostCopy | None = None
 
     def __call__(self, flags: list[bool], now: bool) -> list[bool]:

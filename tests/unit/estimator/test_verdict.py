@@ -5,7 +5,7 @@ from torchtitan_ablate.estimator.verdict import verdict
 
 
 def est(peak_gib: float, ep: bool) -> dict:
-    return {"peak_gib": peak_gib, "context_gib": 0.5, "moe": True, "expert_parallel": ep}
+    return {"peak_gib": peak_gib, "context_gib": 0.5, "expert_parallel": ep}
 
 
 def test_does_not_fit_names_the_need():

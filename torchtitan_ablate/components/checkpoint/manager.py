@@ -57,6 +57,7 @@ from torchtitan_ablate.components.checkpoint.state import (
 )
 from torchtitan_ablate.components.objective.finite import NonFiniteError, nonfinite_entries
 from torchtitan_ablate.config import ConfigError
+from torchtitan_ablate.distributed.utils import current_world_size
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class CheckpointManager:
         self.settings = None if settings is None else Record(settings)  # .value: this run's
         self.dataloader, self.dataloader_state_shared = dataloader, dataloader_state_shared
         self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.world_size = current_world_size()
         if enable:
             if self.rank == 0:
                 os.makedirs(folder, exist_ok=True)
